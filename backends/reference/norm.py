@@ -1,0 +1,26 @@
+"""Reference embedding, RMSNorm and residual add + RMSNorm (Hugging Face Qwen3's arithmetic)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def embedding(token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``token_ids`` ``[T]`` -> rows of ``weight`` ``[V, H]``: ``[T, H]``."""
+    return F.embedding(token_ids, weight)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim: normalize in float32, round to x's dtype, then scale by ``weight``."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual`` in x's dtype; returns ``(rms_norm(s), s)``."""
+    s = x + residual
+    return rms_norm(s, weight, eps), s

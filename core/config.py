@@ -1,0 +1,146 @@
+"""The run config: configs/default.yaml + any number of YAML files + ``KEY=VALUE`` overrides.
+
+The schema is the ``Config`` dataclass (types only: the values live in default.yaml, the one
+place defaults are written). Unknown keys and bad values raise ConfigError listing the valid
+choices; implementation names are checked against the registry by ``check_names``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Union
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tileinfer.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("bfloat16", "float16", "float32")
+QUANTIZE = ("none", "int8")
+INTERFACE_KEYS = ("linear", "attention", "kv_store", "sampler", "proposer", "ops")
+
+
+@dataclass
+class Config:
+    """Every key a run takes; default.yaml gives their values and says what each means."""
+
+    model: Optional[str] = MISSING
+    device: str = MISSING
+    dtype: str = MISSING
+    quantize: str = MISSING
+    linear: str = MISSING
+    attention: str = MISSING
+    kv_store: str = MISSING
+    sampler: str = MISSING
+    proposer: str = MISSING
+    ops: str = MISSING
+    max_new_tokens: int = MISSING
+    temperature: float = MISSING
+    top_k: int = MISSING
+    top_p: float = MISSING
+    min_p: float = MISSING
+    seed: int = MISSING
+    spec_k: int = MISSING
+    kv_page_size: int = MISSING
+    kv_capacity: int = MISSING
+    options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+
+ConfigSource = Union[str, Path, dict, DictConfig]
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files("tileinfer.configs").joinpath("default.yaml")))
+
+
+def load_config(sources: Iterable[ConfigSource] = (), overrides: Iterable[str] = ()) -> Config:
+    """Merge default.yaml, then each source (a YAML path or a mapping), then ``KEY=VALUE`` strings."""
+    merged = OmegaConf.structured(Config)
+    layers = [_load_yaml(default_config_path())]
+    for source in sources:
+        layers.append(_load_yaml(Path(source)) if isinstance(source, (str, Path)) else OmegaConf.create(source))
+    layers.append(_parse_overrides(overrides))
+    for layer in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as exc:
+            raise _config_error(exc) from None
+    try:
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise _config_error(exc) from None
+    _check_values(config)
+    return config
+
+
+def to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as exc:
+        raise ConfigError(f"cannot read config file {path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {path} must hold a mapping of keys to values")
+    return loaded
+
+
+def _parse_overrides(overrides: Iterable[str]) -> DictConfig:
+    overrides = list(overrides)
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} is not KEY=VALUE")
+    try:
+        return OmegaConf.from_dotlist(overrides)
+    except OmegaConfBaseException as exc:
+        raise _config_error(exc) from None
+
+
+def _config_error(exc: OmegaConfBaseException) -> ConfigError:
+    key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+    message = str(exc).splitlines()[0]
+    valid = ", ".join(f.name for f in fields(Config))
+    if "not in struct" in message or "Key '" in message and "not" in message:
+        return ConfigError(f"unknown config key {key!r}; valid keys: {valid}")
+    return ConfigError(f"config key {key!r}: {message}" if key else f"bad config: {message}")
+
+
+def _check_values(config: Config) -> None:
+    for key, valid in (("device", DEVICES), ("dtype", DTYPES), ("quantize", QUANTIZE)):
+        value = getattr(config, key)
+        if value not in valid:
+            raise ConfigError(f"{key}={value} is not valid; choose one of: {', '.join(valid)}")
+    for key in ("max_new_tokens", "spec_k", "kv_page_size", "kv_capacity"):
+        if getattr(config, key) < 1:
+            raise ConfigError(f"{key} must be >= 1, got {getattr(config, key)}")
+
+
+def check_names(config: Config, registry) -> None:
+    """Every interface key names a registered implementation, and every ``options`` entry names
+    one and sets only the options it declares."""
+    for kind in INTERFACE_KEYS:
+        name = getattr(config, kind)
+        if not (kind == "proposer" and name == "none"):
+            registry.get(kind, name)
+    registered = {kind: registry.names(kind) for kind in INTERFACE_KEYS}
+    for name, values in config.options.items():
+        kinds = [kind for kind, names in registered.items() if name in names]
+        if not kinds:
+            every = sorted({n for names in registered.values() for n in names})
+            raise ConfigError(f"options.{name}: no implementation has that name; valid: {', '.join(every)}")
+        declared = getattr(registry.get(kinds[0], name), "default_options", {})
+        for key in values:
+            if key not in declared:
+                valid = ", ".join(declared) or "(it takes none)"
+                raise ConfigError(f"options.{name}.{key} is not an option of {name}; valid: {valid}")
+
+
+def options_for(config: Config, name: str) -> dict[str, Any]:
+    return dict(config.options.get(name, {}))

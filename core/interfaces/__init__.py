@@ -1,0 +1,32 @@
+"""The five interfaces that implementations plug into, plus the small-ops set.
+
+Each module defines one abstract class and the plain data it exchanges; implementations live in
+tileinfer.plugins (built in) or in third-party packages, and are selected by name in the config.
+"""
+
+from tileinfer.interfaces.attention import Attention, AttentionSpec, RopeTable, Step
+from tileinfer.interfaces.kv_store import KVGeometry, KVStore, LayerKV
+from tileinfer.interfaces.linear import EPILOGUES, QUANTIZE_MODES, Linear
+from tileinfer.interfaces.ops import Ops
+from tileinfer.interfaces.proposer import Draft, Proposer, ProposerContext
+from tileinfer.interfaces.sampler import Sample, Sampler, SamplingParams
+
+__all__ = [
+    "Attention",
+    "AttentionSpec",
+    "Draft",
+    "EPILOGUES",
+    "KVGeometry",
+    "KVStore",
+    "LayerKV",
+    "Linear",
+    "Ops",
+    "Proposer",
+    "ProposerContext",
+    "QUANTIZE_MODES",
+    "RopeTable",
+    "Sample",
+    "Sampler",
+    "SamplingParams",
+    "Step",
+]

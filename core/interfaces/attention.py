@@ -1,0 +1,94 @@
+"""Attention: from one layer's fused q/k/v projection to its attention output."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from tileinfer.interfaces.kv_store import KVStore
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Head layout of a layer (Qwen3: head_dim 64 or 128, grouped-query attention)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def qkv_size(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+
+@dataclass(frozen=True)
+class RopeTable:
+    """Rotary embedding tables, ``[max_positions, head_dim // 2]`` float32 each (rotate-half
+    convention: channel ``i`` pairs with channel ``i + head_dim // 2``)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+@dataclass
+class Step:
+    """One forward pass of the single sequence: ``num_tokens`` new tokens after ``start`` cached
+    positions, at positions ``start .. start + num_tokens - 1``.
+
+    Prefill is ``start = 0`` with the whole prompt; decode has one token; a speculative verify step
+    has ``k + 1``. ``positions`` is ``[num_tokens]`` int64 on the device.
+    """
+
+    start: int
+    num_tokens: int
+    positions: torch.Tensor
+
+    @classmethod
+    def at(cls, start: int, num_tokens: int, device: torch.device) -> "Step":
+        positions = torch.arange(start, start + num_tokens, dtype=torch.int64, device=device)
+        return cls(start=start, num_tokens=num_tokens, positions=positions)
+
+    @property
+    def end(self) -> int:
+        """Cached positions once this step has run."""
+        return self.start + self.num_tokens
+
+
+class Attention(ABC):
+    """Self-attention of one layer over the paged KV cache, for steps of any number of tokens.
+
+    Given the fused projection output ``qkv`` (``[T, (H + 2 Hkv) D]`` in the model dtype, q then k
+    then v), it applies the per-head q and k RMSNorms, RoPE at the step's positions, writes k and v
+    into the KV store, and returns causal grouped-query attention of the new queries over all
+    ``step.end`` cached positions: ``[T, H D]`` in the model dtype.
+    """
+
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        *,
+        layer: int,
+        q_norm_weight: torch.Tensor,
+        k_norm_weight: torch.Tensor,
+        rope: RopeTable,
+    ) -> None:
+        self.spec = spec
+        self.layer = layer
+        self.q_norm_weight = q_norm_weight
+        self.k_norm_weight = k_norm_weight
+        self.rope = rope
+
+    @abstractmethod
+    def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        """``qkv`` ``[T, qkv_size]`` -> ``[T, num_heads * head_dim]``; writes the step into ``kv``."""

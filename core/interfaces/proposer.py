@@ -1,0 +1,66 @@
+"""Proposer: drafts tokens for speculative decoding; the target model verifies them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from tileinfer.config import Config
+    from tileinfer.interfaces.sampler import Sampler
+    from tileinfer.model import Qwen3Model
+    from tileinfer.registry import Registry
+
+
+@dataclass
+class Draft:
+    """Up to k proposed tokens. ``probs`` (``[len(tokens), V]`` float32) is the distribution each
+    token was drawn from, the ``q`` of the p/q rule; None means the tokens were chosen
+    deterministically (``q`` is one-hot)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+
+@dataclass
+class ProposerContext:
+    """What a proposer may use: the target model (its embedding, lm_head, config), the target's
+    sampler, the run's config and the registry (to build a model and KV store of its own)."""
+
+    target: "Qwen3Model"
+    sampler: "Sampler"
+    config: "Config"
+    registry: "Registry"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Proposer(ABC):
+    """Proposes drafts given the sequence so far, and is told what the target accepted.
+
+    Set ``hidden_layers`` to the target decoder layers whose outputs (``[T, hidden]`` per layer,
+    before the final norm) the proposer wants: the engine then hands them to ``start`` (prompt
+    positions) and ``accept`` (the verify step's positions).
+    ``default_options`` declares the options a user may set under ``options.<name>`` in the config.
+    """
+
+    default_options: ClassVar[dict[str, Any]] = {}
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, context: ProposerContext) -> None:
+        self.context = context
+        self.options = {**self.default_options, **context.options}
+
+    def start(self, tokens: list[int], hidden: dict[int, torch.Tensor]) -> None:
+        """A new generation: ``tokens`` is the prompt and its first sampled token; ``hidden`` the
+        target's hidden states of the prompt positions."""
+
+    @abstractmethod
+    def propose(self, tokens: list[int], k: int) -> Draft:
+        """Up to ``k`` tokens likely to follow ``tokens`` (the whole sequence, prompt included)."""
+
+    def accept(self, tokens: list[int], num_accepted: int, hidden: dict[int, torch.Tensor]) -> None:
+        """After a verify step: ``tokens`` is the sequence now, ``num_accepted`` how many of the last
+        draft were kept, ``hidden`` the target's hidden states of the step's kept positions."""

@@ -1,0 +1,78 @@
+"""Sampler: the next token(s) from logits, and the distribution it drew them from."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from tileinfer.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature = 0`` is greedy; ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` are off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Sample:
+    """``tokens`` ``[T]`` int64; ``probs`` ``[T, V]`` float32 when asked for, else None."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+class Sampler(ABC):
+    """Draws tokens from float32 logits ``[T, V]``, one per row, with its own seeded generator.
+
+    ``probs`` is the distribution ``sample`` draws from (after temperature, top-k, top-p, min-p;
+    one-hot at the argmax when greedy): the target's ``p`` in speculative sampling. ``generator``
+    is the only source of randomness, so a seed reproduces a generation.
+    """
+
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.params = params
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(params.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    @abstractmethod
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[T, V]`` float32 logits -> ``[T, V]`` float32 probabilities that sum to 1 per row."""
+
+    @abstractmethod
+    def sample(self, logits: torch.Tensor, *, return_probs: bool = False) -> Sample:
+        """One token per row of ``logits``; with ``return_probs`` also the rows' ``probs``."""
+
+    def draw(self, probs: torch.Tensor) -> torch.Tensor:
+        """One token per row of a given distribution ``[T, V]``, with this sampler's generator."""
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+
+    def uniform(self, n: int) -> torch.Tensor:
+        """``n`` draws from U[0, 1) with this sampler's generator, float32 on its device."""
+        return torch.rand(n, generator=self.generator, device=self.device)

@@ -1,0 +1,47 @@
+"""Verification of a draft against the target's logits: greedy prefix match, and the p/q rule.
+
+The target ran ``[last, d_1 .. d_k]`` in one step, so row ``i`` of its logits is the distribution
+of the token after ``d_i`` (row 0: after ``last``). Both rules return the tokens to commit: the
+accepted drafts and one more token from the target (a correction or the bonus).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileinfer.interfaces import Sampler
+
+
+def verify_greedy(draft: list[int], logits: torch.Tensor) -> list[int]:
+    """Keep the longest prefix of ``draft`` equal to the target's argmax, then the target's token."""
+    target = logits.argmax(-1).tolist()
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == target[accepted]:
+        accepted += 1
+    return draft[:accepted] + [target[accepted]]
+
+
+def verify_sampled(draft: list[int], draft_probs: torch.Tensor | None, logits: torch.Tensor,
+                   sampler: Sampler) -> list[int]:
+    """Speculative sampling (Leviathan et al. 2023): accept ``d_i`` with probability
+    ``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection draw from ``max(0, p_i - q_i)``
+    normalized and stop; if all are accepted draw a bonus token from ``p_k``. ``draft_probs`` is
+    ``q`` (``[k, V]``); None means the drafts were chosen deterministically (one-hot ``q``).
+    The committed tokens are distributed exactly as tokens sampled from the target one by one."""
+    k = len(draft)
+    p = sampler.probs(logits)  # [k + 1, V]
+    tokens = torch.tensor(draft, device=p.device)
+    if draft_probs is None:
+        q = torch.nn.functional.one_hot(tokens, p.shape[-1]).to(p.dtype)
+    else:
+        q = draft_probs.to(p.dtype)
+    rows = torch.arange(k, device=p.device)
+    ratio = p[rows, tokens] / q[rows, tokens]
+    accept = (sampler.uniform(k) < ratio).tolist()
+    accepted = next((i for i, ok in enumerate(accept) if not ok), k)
+    if accepted < k:
+        residual = (p[accepted] - q[accepted]).clamp(min=0)
+        extra = sampler.draw((residual / residual.sum())[None])
+    else:
+        extra = sampler.draw(p[k:])
+    return draft[:accepted] + [int(extra)]

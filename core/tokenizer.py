@@ -1,0 +1,96 @@
+"""Tokenizer: tokenizer.json through the `tokenizers` library, and the chat template of
+tokenizer_config.json (or chat_template.jinja) rendered with jinja2 as transformers renders it."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from tileinfer.errors import CheckpointError, UsageError
+
+
+class Tokenizer:
+    def __init__(self, tokenizer: HFTokenizer, chat_template: str | None, special: dict[str, str]) -> None:
+        self._tok = tokenizer
+        self.chat_template = chat_template
+        self.special = special  # bos_token / eos_token strings, for templates that use them
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "Tokenizer":
+        path = folder / "tokenizer.json"
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:
+            raise CheckpointError(f"{path}: cannot load tokenizer: {exc}") from None
+        config: dict = {}
+        config_path = folder / "tokenizer_config.json"
+        if config_path.is_file():
+            try:
+                config = json.loads(config_path.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise CheckpointError(f"{config_path}: not valid JSON: {exc}") from None
+        template = config.get("chat_template")
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        jinja_file = folder / "chat_template.jinja"
+        if template is None and jinja_file.is_file():
+            template = jinja_file.read_text()
+        special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
+        return cls(tok, template, special)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render ``messages`` with the checkpoint's chat template (transformers' jinja conventions)."""
+        if not self.chat_template:
+            raise UsageError("this checkpoint has no chat template (tokenizer_config.json has no chat_template)")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        env.globals["raise_exception"] = _raise_template_error
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self.special, **kwargs)
+        except jinja2.TemplateError as exc:
+            raise UsageError(f"chat template failed: {exc}") from None
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text pieces, holding back an incomplete UTF-8 tail."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        piece, self.emitted = text[self.emitted:], len(text)
+        return piece
+
+
+def _token_text(value) -> str:
+    if isinstance(value, dict):  # AddedToken serialized as a dict
+        return value.get("content", "")
+    return value or ""
+
+
+def _raise_template_error(message: str):
+    raise jinja2.TemplateError(message)

@@ -1,0 +1,30 @@
+"""ReferenceAttention: q/k norm, RoPE, KV write, then dense causal attention over gathered pages."""
+
+from __future__ import annotations
+
+import torch
+
+from tileinfer.backends.reference.attention import causal_attention
+from tileinfer.backends.reference.norm import rms_norm
+from tileinfer.backends.reference.rope import apply_rope
+from tileinfer.interfaces import Attention, KVStore, Step
+
+
+class ReferenceAttention(Attention):
+    """Gathers the layer's pages into dense K and V every step and materializes the scores."""
+
+    def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        spec = self.spec
+        t, d = qkv.shape[0], spec.head_dim
+        q, k, v = qkv.split([spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d], dim=-1)
+        q = rms_norm(q.reshape(t, spec.num_heads, d), self.q_norm_weight, spec.rms_norm_eps)
+        k = rms_norm(k.reshape(t, spec.num_kv_heads, d), self.k_norm_weight, spec.rms_norm_eps)
+        cos, sin = self.rope.cos[step.positions], self.rope.sin[step.positions]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kv.write(self.layer, step.positions, k, v.reshape(t, spec.num_kv_heads, d))
+        keys, values = kv.gather(self.layer, step.end)
+        smooth = kv.layer(self.layer).k_smooth
+        if smooth is not None:  # the cache holds k / smooth: scale the query instead
+            q = (q.float() * smooth).to(q.dtype)
+        out = causal_attention(q, keys, values, step.start, spec.scale)
+        return out.reshape(t, spec.num_heads * d)
