@@ -177,6 +177,8 @@ class Engine:
                 done = commit(self._decode_step(ids + out, max_new - len(out)))
                 steps += 1
             end = time.perf_counter()
+        if stream and (tail := stream.flush()):
+            on_text(tail)
         decode_s = end - first_time
         stats = GenerationStats(
             prompt_tokens=len(ids),

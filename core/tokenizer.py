@@ -85,6 +85,12 @@ class StreamDecoder:
         piece, self.emitted = text[self.emitted:], len(text)
         return piece
 
+    def flush(self) -> str:
+        """What is left at the end, an incomplete character included (as its replacement)."""
+        text = self.tokenizer.decode(self.ids)
+        piece, self.emitted = text[self.emitted:], len(text)
+        return piece
+
 
 def _token_text(value) -> str:
     if isinstance(value, dict):  # AddedToken serialized as a dict

@@ -1,0 +1,156 @@
+"""Bad checkpoints and bad prompts get one clear error naming the file, tensor or limit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import tileinfer
+from tileinfer.errors import CheckpointError, ConfigError, UsageError
+
+BASE = ["device=cpu", "dtype=float32", "kv_page_size=16"]
+
+
+def engine_for(folder: Path, *extra: str):
+    return tileinfer.Engine.from_config(model=str(folder), overrides=[*BASE, *extra], progress=False)
+
+
+@pytest.fixture
+def copy_of(tmp_path, tiny_checkpoint):
+    def make(source: Path | None = None) -> Path:
+        target = tmp_path / "ckpt"
+        shutil.copytree(source or tiny_checkpoint, target)
+        return target
+    return make
+
+
+def test_missing_folder():
+    with pytest.raises(ConfigError, match="model folder not found: /no/where"):
+        engine_for(Path("/no/where"))
+
+
+def test_missing_config_json(copy_of):
+    folder = copy_of()
+    (folder / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"config\.json: missing"):
+        engine_for(folder)
+
+
+def test_unsupported_architecture(copy_of):
+    folder = copy_of()
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="unsupported architecture.*LlamaForCausalLM"):
+        engine_for(folder)
+
+
+def test_corrupt_safetensors(copy_of):
+    folder = copy_of()
+    (folder / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: cannot read safetensors"):
+        engine_for(folder)
+
+
+def test_truncated_safetensors(copy_of):
+    folder = copy_of()
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
+        engine_for(folder)
+
+
+def test_no_weights(copy_of):
+    folder = copy_of()
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
+        engine_for(folder)
+
+
+def test_shape_that_does_not_match_config(copy_of):
+    folder = copy_of()
+    raw = json.loads((folder / "config.json").read_text())
+    raw["intermediate_size"] += 8
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.gate_proj\.weight "
+                                               r"has shape \(128, 64\), config\.json implies \(136, 64\)"):
+        engine_for(folder)
+
+
+def test_missing_tensor_and_missing_shard(tmp_path, checkpoint_factory):
+    sharded = checkpoint_factory(shard=True)
+    folder = tmp_path / "a"
+    shutil.copytree(sharded, folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["model.norm.weight"]
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"tensor model\.norm\.weight is missing"):
+        engine_for(folder)
+    folder = tmp_path / "b"
+    shutil.copytree(sharded, folder)
+    shard = sorted(folder.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"lists shard {shard.name}, which is missing"):
+        engine_for(folder)
+
+
+def test_unknown_key_and_unknown_name(tiny_checkpoint):
+    with pytest.raises(ConfigError, match="unknown config key 'lineaar'"):
+        engine_for(tiny_checkpoint, "lineaar=reference")
+    with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: reference"):
+        engine_for(tiny_checkpoint, "linear=fast")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint):
+    return engine_for(tiny_checkpoint, "kv_capacity=64")
+
+
+def test_empty_prompt(engine):
+    with pytest.raises(UsageError, match="the prompt is empty"):
+        engine.generate([])
+    with pytest.raises(UsageError, match="the prompt is empty"):
+        engine.generate("")
+
+
+def test_token_ids_outside_the_vocabulary(engine):
+    with pytest.raises(UsageError, match=r"token id 320 is outside the vocabulary \[0, 320\)"):
+        engine.generate([1, 2, 320])
+    with pytest.raises(UsageError, match="token id -1"):
+        engine.generate([-1])
+
+
+def test_prompt_longer_than_the_kv_capacity(engine):
+    with pytest.raises(UsageError, match=r"needs 70 positions, more than kv_capacity \(64\)"):
+        engine.generate(list(range(60)), max_new_tokens=10)
+    assert len(engine.generate(list(range(54)), max_new_tokens=10).token_ids) == 10  # exactly fits
+
+
+def test_prompt_longer_than_the_model_positions(checkpoint_factory):
+    folder = checkpoint_factory(max_positions=48)
+    engine = engine_for(folder)
+    with pytest.raises(UsageError, match=r"more than the model's max_position_embeddings \(48\)"):
+        engine.generate(list(range(40)), max_new_tokens=10)
+
+
+def test_chat_without_a_template(copy_of):
+    folder = copy_of()
+    for name in ("chat_template.jinja",):
+        (folder / name).unlink(missing_ok=True)
+    raw = json.loads((folder / "tokenizer_config.json").read_text())
+    raw.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(raw))
+    with pytest.raises(UsageError, match="no chat template"):
+        engine_for(folder).generate("hi", chat=True)
+
+
+def test_text_prompt_without_a_tokenizer(copy_of):
+    folder = copy_of()
+    (folder / "tokenizer.json").unlink()
+    engine = engine_for(folder)
+    with pytest.raises(UsageError, match="no tokenizer.json"):
+        engine.generate("hello")
+    assert engine.generate([1, 2, 3], max_new_tokens=2).text is None

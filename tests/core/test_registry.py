@@ -1,0 +1,113 @@
+"""Plugins: built-ins register through the same hook as third-party packages; duplicates and
+unknown names are clear errors; an entry-point package adds a Sampler selected by config."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tileinfer
+from tileinfer.errors import ConfigError, PluginError
+from tileinfer.interfaces import Step
+from tileinfer.registry import build_registry, plugin_manager
+
+DEMO = Path(__file__).parents[1] / "third_party" / "tileinfer_demo_sampler"
+
+
+def test_builtin_implementations_are_found_by_name():
+    registry = build_registry(plugin_manager(entry_points=False))
+    from tileinfer.plugins.reference.sampler import ReferenceSampler
+
+    assert registry.get("sampler", "reference") is ReferenceSampler
+    assert registry.names("kv_store") == ["paged", "paged_int8"]
+
+
+def test_unknown_name_lists_the_valid_ones():
+    registry = build_registry(plugin_manager(entry_points=False))
+    with pytest.raises(ConfigError, match="kv_store=fp8: no plugin registered that name; valid: paged, paged_int8"):
+        registry.get("kv_store", "fp8")
+
+
+class _Twin:
+    """A plugin object that registers a sampler named like the built-in one."""
+
+    @tileinfer.hookimpl
+    def tileinfer_implementations(self):
+        return [tileinfer.Implementation("sampler", "reference", "tileinfer.plugins.reference.sampler:ReferenceSampler")]
+
+
+def test_two_plugins_registering_one_name_is_an_error_naming_both():
+    pm = plugin_manager(entry_points=False)
+    pm.register(_Twin(), name="my_twin_plugin")
+    with pytest.raises(PluginError) as err:
+        build_registry(pm)
+    message = str(err.value)
+    assert "sampler implementation 'reference' is registered twice" in message
+    assert "tileinfer.plugins.reference" in message and "my_twin_plugin" in message
+
+
+class _Broken:
+    @tileinfer.hookimpl
+    def tileinfer_implementations(self):
+        return [tileinfer.Implementation("linear", "broken", "no_such_module_anywhere:Linear")]
+
+
+def test_an_implementation_that_cannot_be_imported_is_reported_when_selected():
+    pm = plugin_manager(entry_points=False)
+    pm.register(_Broken(), name="broken_plugin")
+    registry = build_registry(pm)
+    assert "broken" in registry.names("linear")  # listing does not import it
+    with pytest.raises(PluginError, match="linear=broken \\(plugin broken_plugin\\): cannot import"):
+        registry.get("linear", "broken")
+
+
+@pytest.fixture(scope="module")
+def demo_site(tmp_path_factory):
+    """The demo package installed by pip into a folder of its own (not into the test environment)."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(DEMO)], check=True, capture_output=True)
+    return target
+
+
+def _cli(site: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "tileinfer.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, tiny_checkpoint):
+    listed = _cli(demo_site, "plugins", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {(r["interface"], r["name"]): r for r in json.loads(listed.stdout)}
+    assert rows[("sampler", "argmin")]["distribution"] == "tileinfer-demo-sampler"
+    assert rows[("sampler", "argmin")]["plugin"] == "demo_sampler"
+
+    prompt = [4, 9, 16, 25]
+    run = _cli(demo_site, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", ",".join(map(str, prompt)),
+               "--max-new-tokens", "6", "--json", "device=cpu", "dtype=float32", "sampler=argmin")
+    assert run.returncode == 0, run.stderr
+    tokens = json.loads(run.stdout)["token_ids"]
+
+    # Each token must be the argmin of the target's logits after the tokens before it.
+    engine = tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cpu", dtype="float32", progress=False)
+    sequence = prompt + tokens
+    engine.kv.reset()
+    engine.kv.reserve(len(sequence))
+    with torch.inference_mode():
+        logits, _ = engine.model.forward(torch.tensor(sequence), Step.at(0, len(sequence), engine.device), engine.kv)
+    expected = logits[len(prompt) - 1: -1].argmin(-1).tolist()
+    assert tokens == expected
+    assert tokens != engine.generate(prompt, max_new_tokens=6).token_ids  # not the greedy result
+
+
+def test_without_the_package_the_name_is_unknown(tiny_checkpoint):
+    with pytest.raises(ConfigError, match="sampler=argmin"):
+        tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cpu", sampler="argmin", progress=False)
+
