@@ -1,0 +1,88 @@
+"""The reference point on a GPU: a 1,024-token prompt prefilled in one step, then 128 tokens.
+
+    python bench/reference_point.py --shape Qwen3-4B --out DIR [KEY=VALUE ...]
+
+Random weights of the named shape (bench/shapes.py), random prompt tokens. Prefill is the median
+of several synchronized prefills (prompt in, first token out); decode is generate's tok/s from
+the first new token to the last (median of several runs). Each decode figure is also given as a
+fraction of the memory roofline: bytes of weights + KV cache read per step over the device copy
+bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from shapes import kv_bytes_per_position, weight_bytes, write_random_checkpoint  # noqa: E402
+
+import tileinfer  # noqa: E402
+
+
+def copy_bandwidth(gib: float = 2.0, repeats: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second (median)."""
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * 2 / statistics.median(times[3:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="Qwen3-4B")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--checkpoints", type=Path, default=Path("/tmp/tileinfer-checkpoints"))
+    parser.add_argument("--prompt", type=int, default=1024)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    folder = write_random_checkpoint(args.shape, args.checkpoints / args.shape)
+    overrides = ["device=cuda", "dtype=bfloat16", *args.overrides]
+    t0 = time.perf_counter()
+    engine = tileinfer.Engine.from_config(model=str(folder), overrides=overrides)
+    load_s = time.perf_counter() - t0
+    vocab = engine.model_config.vocab_size
+    prompt = torch.randint(0, vocab, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    engine.generate(prompt, max_new_tokens=8)  # warm-up
+    prefill = statistics.median(engine.generate(prompt, max_new_tokens=1).stats.prefill_ms for _ in range(args.runs))
+    runs = [engine.generate(prompt, max_new_tokens=args.new).stats for _ in range(args.runs)]
+    decode = statistics.median(s.decode_tok_s for s in runs)
+    bandwidth = copy_bandwidth()
+    context = args.prompt + args.new / 2
+    step_bytes = weight_bytes(args.shape) + kv_bytes_per_position(args.shape) * context
+    roofline_tok_s = bandwidth / step_bytes
+    record = {
+        "shape": args.shape, "overrides": args.overrides, "prompt_tokens": args.prompt, "new_tokens": args.new,
+        "prefill_ms": prefill, "prefill_tok_s": args.prompt / prefill * 1e3, "decode_tok_s": decode,
+        "roofline_tok_s": roofline_tok_s, "roofline_fraction": decode / roofline_tok_s,
+        "copy_bandwidth_tb_s": bandwidth / 1e12, "load_s": load_s, "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__, "decode_runs": [s.decode_tok_s for s in runs],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"reference_point_{args.shape}_{'_'.join(args.overrides) or 'default'}.json".replace("/", "-")
+    (args.out / name).write_text(json.dumps(record, indent=2))
+    print(f"{args.shape} {' '.join(args.overrides) or 'default'}: prefill {args.prompt} tokens {prefill:.1f} ms, "
+          f"decode {decode:.1f} tok/s ({decode / roofline_tok_s:.1%} of the {roofline_tok_s:.0f} tok/s roofline at "
+          f"{bandwidth / 1e12:.2f} TB/s), load {load_s:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
