@@ -77,7 +77,7 @@ def main() -> None:
         "torch": torch.__version__, "decode_runs": [s.decode_tok_s for s in runs],
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"reference_point_{args.shape}_{'_'.join(args.overrides) or 'default'}.json".replace("/", "-")
+    name = f"reference_point_{args.shape}_{'_'.join(args.overrides) or 'default'}.json".replace("/", "-").replace("=", "-")
     (args.out / name).write_text(json.dumps(record, indent=2))
     print(f"{args.shape} {' '.join(args.overrides) or 'default'}: prefill {args.prompt} tokens {prefill:.1f} ms, "
           f"decode {decode:.1f} tok/s ({decode / roofline_tok_s:.1%} of the {roofline_tok_s:.0f} tok/s roofline at "
