@@ -22,7 +22,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="YAML config merged over configs/default.yaml (repeatable, later wins)")
+                        help="YAML file, or the name of a shipped config (reference, tile-eager, ...), merged over "
+                             "configs/default.yaml (repeatable, later wins)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="config overrides, e.g. device=cuda linear=reference temperature=0.7")
 

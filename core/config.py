@@ -53,15 +53,32 @@ ConfigSource = Union[str, Path, dict, DictConfig]
 
 
 def default_config_path() -> Path:
-    return Path(str(resources.files("tileinfer.configs").joinpath("default.yaml")))
+    return shipped_config_path("default")
+
+
+def shipped_config_path(name: str) -> Path:
+    return Path(str(resources.files("tileinfer.configs").joinpath(f"{name}.yaml")))
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs that ship in configs/ (usable as ``--config NAME``)."""
+    return sorted(p.stem for p in default_config_path().parent.glob("*.yaml") if p.stem != "default")
+
+
+def _resolve_source(source: Union[str, Path]) -> Path:
+    path = Path(source)
+    if not path.exists() and path.suffix == "" and "/" not in str(source) and shipped_config_path(str(source)).is_file():
+        return shipped_config_path(str(source))
+    return path
 
 
 def load_config(sources: Iterable[ConfigSource] = (), overrides: Iterable[str] = ()) -> Config:
-    """Merge default.yaml, then each source (a YAML path or a mapping), then ``KEY=VALUE`` strings."""
+    """Merge default.yaml, then each source (a YAML path, the name of a shipped config such as
+    ``tile-eager``, or a mapping), then ``KEY=VALUE`` strings."""
     merged = OmegaConf.structured(Config)
     layers = [_load_yaml(default_config_path())]
     for source in sources:
-        layers.append(_load_yaml(Path(source)) if isinstance(source, (str, Path)) else OmegaConf.create(source))
+        layers.append(_load_yaml(_resolve_source(source)) if isinstance(source, (str, Path)) else OmegaConf.create(source))
     layers.append(_parse_overrides(overrides))
     for layer in layers:
         try:
@@ -82,7 +99,7 @@ def to_yaml(config: Config) -> str:
 
 def _load_yaml(path: Path) -> DictConfig:
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"config file not found: {path} (shipped configs: {', '.join(shipped_configs())})")
     try:
         loaded = OmegaConf.load(path)
     except Exception as exc:

@@ -82,6 +82,10 @@ class Engine:
             ops=self.registry.get("ops", config.ops)(),
             quantize=config.quantize,
         )
+        kv_class = self.registry.get("kv_store", config.kv_store)
+        if kv_class.storage not in backend.attention.supported_storage:
+            raise ConfigError(f"attention={config.attention} cannot read kv_store={config.kv_store} pages "
+                              f"({kv_class.storage}); it reads: {', '.join(backend.attention.supported_storage)}")
         self.model = Qwen3Model.build(self.model_config, reader.tensor, backend, progress=progress)
         reader.close()
         self.tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
@@ -91,7 +95,7 @@ class Engine:
         geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_page_size,
                               -(-self.capacity // config.kv_page_size), self.dtype)
         key_norms = [layer.attention.k_norm_weight for layer in self.model.layers]
-        self.kv = self.registry.get("kv_store", config.kv_store)(geometry, self.device, key_norm_weights=key_norms)
+        self.kv = kv_class(geometry, self.device, key_norm_weights=key_norms)
         params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
         self.sampler = self.registry.get("sampler", config.sampler)(params, self.device)
         self.proposer: Proposer | None = None

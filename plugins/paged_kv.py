@@ -42,6 +42,8 @@ class PagedInt8KVStore(KVStore):
     """INT8 pages with one float32 scale per cached vector (per position and KV head); keys are
     divided by ``key_smoothing`` of the layer's key RMSNorm weight before quantizing."""
 
+    storage = "int8"
+
     def __init__(self, geometry: KVGeometry, device, *, key_norm_weights=None) -> None:
         super().__init__(geometry, device, key_norm_weights=key_norm_weights)
         g = geometry

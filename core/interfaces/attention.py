@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -72,7 +73,10 @@ class Attention(ABC):
     then v), it applies the per-head q and k RMSNorms, RoPE at the step's positions, writes k and v
     into the KV store, and returns causal grouped-query attention of the new queries over all
     ``step.end`` cached positions: ``[T, H D]`` in the model dtype.
+    ``supported_storage`` lists the KV page formats (``KVStore.storage``) it can read and write.
     """
+
+    supported_storage: ClassVar[tuple[str, ...]] = ("dtype",)
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -55,7 +56,12 @@ class KVStore(ABC):
 
     ``key_norm_weights`` (one ``[head_dim]`` tensor per layer, the k RMSNorm weights) are given so
     that a store may smooth keys before quantizing them (see ``LayerKV.k_smooth``).
+    ``storage`` names the page format (``"dtype"``: pages in the model dtype; ``"int8"``: int8 with
+    scales and key smoothing), which an Attention implementation must list in its
+    ``supported_storage`` to be combined with this store.
     """
+
+    storage: ClassVar[str] = "dtype"
 
     def __init__(
         self,

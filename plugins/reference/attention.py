@@ -13,6 +13,8 @@ from tileinfer.interfaces import Attention, KVStore, Step
 class ReferenceAttention(Attention):
     """Gathers the layer's pages into dense K and V every step and materializes the scores."""
 
+    supported_storage = ("dtype", "int8")
+
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         spec = self.spec
         t, d = qkv.shape[0], spec.head_dim
