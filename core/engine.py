@@ -35,6 +35,8 @@ class GenerationStats:
     decode_tok_s: float  # tokens after the first, over the time from the first to the last
     steps: int  # forward passes after the prefill
     tokens_per_step: float  # new tokens after the first, per step
+    drafted_tokens: int  # speculative tokens proposed (0 without a proposer)
+    accepted_tokens: int  # of which the target kept
     finish_reason: str  # "eos" or "length"
 
 
@@ -176,7 +178,7 @@ class Engine:
             if self.proposer:
                 self.proposer.start(ids + [first], hidden)
             done = commit([first])
-            steps = 0
+            steps = self._drafted = self._accepted = 0
             while not done:
                 done = commit(self._decode_step(ids + out, max_new - len(out)))
                 steps += 1
@@ -191,6 +193,8 @@ class Engine:
             decode_tok_s=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0,
             steps=steps,
             tokens_per_step=(len(out) - 1) / steps if steps else 0.0,
+            drafted_tokens=self._drafted,
+            accepted_tokens=self._accepted,
             finish_reason="eos" if out[-1] in self.model_config.eos_token_ids else "length",
         )
         text = self.tokenizer.decode(out) if self.tokenizer else None
@@ -223,6 +227,8 @@ class Engine:
         else:
             new = verify_sampled(draft.tokens, draft.probs, logits, self.sampler)
         kept = len(new)  # the step's token and the accepted drafts hold valid keys and values
+        self._drafted += len(draft.tokens)
+        self._accepted += kept - 1
         self.kv.truncate(cached + kept)
         if self.proposer:
             self.proposer.accept(sequence + new, kept - 1, {n: h[:kept] for n, h in hidden.items()})

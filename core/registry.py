@@ -84,7 +84,8 @@ def _interface(kind: str) -> type:
     }[kind]
 
 
-BUILTIN_PLUGINS = ("tileinfer.plugins.reference", "tileinfer.plugins.paged_kv", "tileinfer.plugins.ngram")
+BUILTIN_PLUGINS = ("tileinfer.plugins.reference", "tileinfer.plugins.paged_kv", "tileinfer.plugins.ngram",
+                   "tileinfer.plugins.triton")
 
 
 def plugin_manager(entry_points: bool = True) -> pluggy.PluginManager:

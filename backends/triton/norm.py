@@ -1,0 +1,233 @@
+"""RMSNorm, residual add, and the fused residual add + RMSNorm; twin: backends/reference/norm.py.
+
+Tiling and grid: a program holds whole vectors in registers, each loaded as its two halves
+(channels ``0..N/2`` and ``N/2..N``, ``BLOCK_HALF = next_pow2(N / 2)`` wide, masked): the q/k
+kernels of attention_inputs.py rotate those halves for RoPE without a shuffle. Rows of ``[T, H]``
+(``rms_norm`` on 2-D input, and ``add_rms_norm``: one kernel, ``_row_rms_norm_kernel``): one row a
+program, ``[1, BLOCK_HALF]`` tiles, grid ``(T,)``, 8 warps for H = 2,560 or 4,096. Heads of
+``[T, heads, D]`` (``_rms_norm_kernel``): ``BLOCK_H`` heads of one token a program,
+``[BLOCK_H, BLOCK_HALF]`` tiles reduced along the channels, grid ``(T, cdiv(heads, BLOCK_H))``;
+``BLOCK_H = min(next_pow2(heads), 1024 / (2 BLOCK_HALF))`` (8 heads of 128, 2 warps). The fused
+q/k kernels use the same tiles. :func:`norm_launch_config` gives ``(BLOCK_H, BLOCK_HALF,
+num_warps)`` from ``(N, heads)`` alone for all of them. ``add`` is a flat elementwise kernel,
+1,024 elements a program.
+
+Arithmetic (Hugging Face Qwen3, as the twin): ``x`` in float32, ``x * rsqrt(mean(x^2) + eps)``,
+rounded to the model dtype, then multiplied by the weight in the model dtype (float32 product of
+the two rounded values, rounded once more). The residual sum is ``round(x + r)``, and the fused
+kernel normalizes that rounded sum, so ``add_rms_norm`` equals ``rms_norm(add(x, r))`` bit for bit:
+both run :func:`_rms_norm_halves` on the same tiles with the same ``num_warps`` (the same
+``tl.sum`` layout), and every launch turns floating-point contraction off (``enable_fp_fusion=False``)
+so that no kernel fuses a multiply-add that its twin does not.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ADD_BLOCK = 1024  # elements per program of `add`
+TILE_ELEMENTS = 1024  # a head-vector program takes this many elements (8 heads of 128) at most
+
+
+def norm_launch_config(n: int, vectors: int) -> tuple[int, int, int]:
+    """``(BLOCK_H, BLOCK_HALF, num_warps)`` to normalize ``vectors`` vectors of length ``n`` per
+    token. Every kernel that normalizes such vectors (the per-op norm and the fused ones) launches
+    with exactly this, which keeps their ``tl.sum`` layouts, hence their roundings, identical."""
+    block_half = triton.next_power_of_2(max(n // 2, 1))
+    block_h = min(triton.next_power_of_2(vectors), max(1, TILE_ELEMENTS // (2 * block_half)))
+    num_warps = max(1, min(16, (2 * block_half * block_h) // 512))  # [8, 2x64] -> 2, [1, 2x2048] -> 8
+    return block_h, block_half, num_warps
+
+
+# -- shared device helpers (attention_inputs.py uses them too) ---------------------------------------
+
+
+@triton.jit
+def _add_round(x, r, DTYPE: tl.constexpr):
+    """``round(x + r)`` to the model dtype, from float32 operands (the residual add)."""
+    return (x + r).to(DTYPE)
+
+
+@triton.jit
+def _rms_norm_halves(a, b, wa, wb, N: tl.constexpr, eps, DTYPE: tl.constexpr):
+    """RMSNorm of the rows of ``(a, b)``: float32 ``[BLOCK_H, BLOCK_HALF]`` tiles holding the two
+    halves of ``BLOCK_H`` vectors of length ``N`` (0 where masked), with weight halves ``wa``,
+    ``wb`` (``[1, BLOCK_HALF]``, float32 values of the model-dtype weight). Returns both halves in
+    ``DTYPE``: ``round(w * round(x * rsqrt(mean(x^2) + eps)))``."""
+    ss = tl.sum(a * a, axis=1, keep_dims=True) + tl.sum(b * b, axis=1, keep_dims=True)
+    rstd = tl.math.rsqrt(ss / N + eps)
+    na = (a * rstd).to(DTYPE).to(tl.float32)
+    nb = (b * rstd).to(DTYPE).to(tl.float32)
+    return (wa * na).to(DTYPE), (wb * nb).to(DTYPE)
+
+
+# -- kernels --------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr,
+    stride_x_t, stride_x_h, stride_o_t, stride_o_h,
+    eps,
+    HEADS: tl.constexpr, N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (heads < HEADS) & (offs < N // 2)
+    x = x_ptr + t * stride_x_t + heads * stride_x_h + offs
+    a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x + N // 2, mask=mask, other=0.0).to(tl.float32)
+    wa = tl.load(w_ptr + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + N // 2 + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
+    ya, yb = _rms_norm_halves(a, b, wa, wb, N, eps, out_ptr.dtype.element_ty)
+    o = out_ptr + t * stride_o_t + heads * stride_o_h + offs
+    tl.store(o, ya, mask=mask)
+    tl.store(o + N // 2, yb, mask=mask)
+
+
+@triton.jit
+def _add_kernel(x_ptr, r_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_elements
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, _add_round(x, r, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _row_rms_norm_kernel(
+    x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr,
+    stride_x_t, stride_r_t, stride_o_t, stride_s_t,
+    eps,
+    N: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    # rms_norm of [T, H] rows (HAS_RESIDUAL False) and the fused add_rms_norm are this one kernel,
+    # so the fused sum is normalized exactly as rms_norm normalizes add's output
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = offs < N // 2
+    dtype = out_ptr.dtype.element_ty
+    x = x_ptr + t * stride_x_t + offs
+    a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(x + N // 2, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = r_ptr + t * stride_r_t + offs
+        sa = _add_round(a, tl.load(r, mask=mask, other=0.0).to(tl.float32), dtype)
+        sb = _add_round(b, tl.load(r + N // 2, mask=mask, other=0.0).to(tl.float32), dtype)
+        s = sum_ptr + t * stride_s_t + offs
+        tl.store(s, sa, mask=mask)
+        tl.store(s + N // 2, sb, mask=mask)
+        a = sa.to(tl.float32)
+        b = sb.to(tl.float32)
+    wa = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + N // 2 + offs, mask=mask, other=0.0).to(tl.float32)
+    ya, yb = _rms_norm_halves(a, b, wa, wb, N, eps, dtype)
+    o = out_ptr + t * stride_o_t + offs
+    tl.store(o, ya, mask=mask)
+    tl.store(o + N // 2, yb, mask=mask)
+
+
+# -- launchers ------------------------------------------------------------------------------------
+
+
+def _check_out(out: torch.Tensor | None, like: torch.Tensor, name: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    assert out.shape == like.shape and out.dtype == like.dtype and out.device == like.device, (
+        f"{name}: {tuple(out.shape)} {out.dtype} {out.device}, expected {tuple(like.shape)} {like.dtype} {like.device}"
+    )
+    assert out.stride(-1) == 1, f"{name} must be contiguous in its last dim"
+    return out
+
+
+def _check_vector_op(x: torch.Tensor, weight: torch.Tensor) -> int:
+    assert x.dtype in FLOAT_DTYPES, f"x dtype {x.dtype}"
+    n = x.shape[-1]
+    assert n % 2 == 0, f"the normalized dim must be even (loaded as two halves), got {n}"
+    assert x.stride(-1) == 1, "x must be contiguous in its last dim"
+    assert weight.shape == (n,) and weight.dtype == x.dtype and weight.is_contiguous(), (
+        f"weight {tuple(weight.shape)} {weight.dtype}, expected ({n},) {x.dtype} contiguous"
+    )
+    assert weight.device == x.device
+    return n
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` ``[T, H]`` or ``[T, heads, D]`` (any strides but a
+    contiguous last dim), ``weight`` ``[last]`` in x's dtype. Returns ``out`` (new and contiguous
+    unless given), x's shape and dtype: ``weight * round(x * rsqrt(mean(x^2) + eps))``."""
+    assert x.dim() in (2, 3), f"x must be [T, H] or [T, heads, D], got {tuple(x.shape)}"
+    n = _check_vector_op(x, weight)
+    out = _check_out(out, x, "out")
+    if x.numel() == 0:
+        return out
+    if x.dim() == 2:
+        _launch_rows(x, None, weight, out, None, eps)
+        return out
+    t, heads, _ = x.shape
+    block_h, block_half, num_warps = norm_launch_config(n, heads)
+    _rms_norm_kernel[(t, triton.cdiv(heads, block_h))](
+        x, weight, out,
+        x.stride(0), x.stride(1), out.stride(0), out.stride(1),
+        eps,
+        HEADS=heads, N=n, BLOCK_H=block_h, BLOCK_HALF=block_half,
+        num_warps=num_warps, enable_fp_fusion=False,
+    )
+    return out
+
+
+def _launch_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
+                 sum_out: torch.Tensor | None, eps: float) -> None:
+    t, n = x.shape
+    block_h, block_half, num_warps = norm_launch_config(n, 1)
+    has_residual = residual is not None
+    r, s = (residual, sum_out) if has_residual else (x, out)
+    _row_rms_norm_kernel[(t,)](
+        x, r, weight, out, s,
+        x.stride(0), r.stride(0), out.stride(0), s.stride(0),
+        eps,
+        N=n, BLOCK_HALF=block_half, HAS_RESIDUAL=has_residual,
+        num_warps=num_warps, enable_fp_fusion=False,
+    )
+
+
+def add(x: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``round(x + residual)`` in the model dtype (contiguous tensors of one shape and dtype).
+    ``out`` may be ``residual`` or ``x`` (each element is read before it is written)."""
+    assert x.dtype in FLOAT_DTYPES and residual.dtype == x.dtype, f"{x.dtype} + {residual.dtype}"
+    assert x.shape == residual.shape and x.device == residual.device
+    assert x.is_contiguous() and residual.is_contiguous(), "add takes contiguous tensors"
+    out = _check_out(out, x, "out")
+    assert out.is_contiguous()
+    n = x.numel()
+    if n:
+        _add_kernel[(triton.cdiv(n, ADD_BLOCK),)](x, residual, out, n, BLOCK=ADD_BLOCK, num_warps=4,
+                                                 enable_fp_fusion=False)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One kernel: ``s = round(x + residual)``; returns ``(rms_norm(s, weight, eps), s)``, bit for
+    bit ``rms_norm(add(x, residual), weight, eps)``. ``x``, ``residual`` ``[T, H]`` (contiguous last
+    dim). ``sum_out`` may be ``residual`` itself (each row is read before it is written)."""
+    assert x.dim() == 2, f"x must be [T, H], got {tuple(x.shape)}"
+    _check_vector_op(x, weight)
+    assert residual.shape == x.shape and residual.dtype == x.dtype and residual.device == x.device
+    assert residual.stride(-1) == 1, "residual must be contiguous in its last dim"
+    out = _check_out(out, x, "out")
+    sum_out = _check_out(sum_out, x, "sum_out")
+    if x.numel():
+        _launch_rows(x, residual, weight, out, sum_out, eps)
+    return out, sum_out

@@ -1,0 +1,72 @@
+"""SwiGLU of a fused gate/up projection as its own kernel; twin: ``reference.linear.silu_mul``.
+
+Tiling and grid: one program per (token row, BLOCK_I-wide block of output columns), grid
+``(T, cdiv(I, BLOCK_I))`` with BLOCK_I = 1024 and 4 warps, so each thread moves 8 contiguous
+elements (16 bytes of bf16) of gate, of up and of the output per access. A program loads
+``gate[t, j:j+BLOCK_I]`` and ``up[t, I+j:I+j+BLOCK_I]`` in the model dtype, converts them to float32
+and applies ``_silu_mul``, the one SwiGLU arithmetic of this package (the GEMV/GEMM epilogue of
+``linear.py`` calls the same helper on its accumulators rounded to the output dtype, which is what
+makes ``linear(x, w, epilogue="swiglu")`` bit-identical to ``silu_mul(linear(x, w))``); the result
+is rounded once, to the output dtype, at the store. Memory-bound: 3 I elements moved per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_I = 1024
+NUM_WARPS = 4
+
+
+@triton.jit
+def _silu_mul(g, u):
+    """silu(g) * u in float32: ``g / (1 + exp(-g)) * u``, rounded once by the caller's store.
+
+    ``g`` and ``u`` are float32 values already rounded to the model (output) dtype, exactly as they
+    would be stored by the linear that produced them. Every SwiGLU in this package goes through here.
+    """
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
+def _silu_mul_kernel(
+    gu_ptr, y_ptr, I, stride_gu_t, stride_y_t,
+    BLOCK_I: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    mask = offs < I
+    row = gu_ptr + t * stride_gu_t
+    g = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(row + I + offs, mask=mask, other=0.0).to(tl.float32)
+    y = _silu_mul(g, u)
+    tl.store(y_ptr + t * stride_y_t + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """SwiGLU: ``gate_up`` ``[T, 2I]`` (gate = first I columns, up = last I) -> ``silu(gate) * up``.
+
+    Returns ``[T, I]`` in ``gate_up.dtype`` (float16, bfloat16 or float32), contiguous. ``gate_up``
+    needs unit column stride; any row stride works (e.g. a row slice of a larger buffer).
+    Arithmetic: float32, ``g / (1 + exp(-g)) * u``, one rounding at the store. ``out``, if given,
+    must be a ``[T, I]`` tensor of that dtype with unit column stride; it is written and returned.
+    """
+    assert gate_up.dim() == 2, f"gate_up must be [T, 2I], got shape {tuple(gate_up.shape)}"
+    T, two_i = gate_up.shape
+    assert two_i % 2 == 0, f"gate_up needs an even number of columns, got {two_i}"
+    assert gate_up.dtype in (torch.float16, torch.bfloat16, torch.float32), f"unsupported dtype {gate_up.dtype}"
+    assert gate_up.stride(1) == 1, "gate_up must have unit column stride"
+    I = two_i // 2
+    if out is None:
+        out = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
+    assert out.shape == (T, I) and out.dtype == gate_up.dtype and out.device == gate_up.device, (
+        f"out must be [{T}, {I}] {gate_up.dtype} on {gate_up.device}, got {tuple(out.shape)} {out.dtype}"
+    )
+    assert out.stride(1) == 1, "out must have unit column stride"
+    if T == 0 or I == 0:
+        return out
+    grid = (T, triton.cdiv(I, BLOCK_I))
+    _silu_mul_kernel[grid](gate_up, out, I, gate_up.stride(0), out.stride(0), BLOCK_I=BLOCK_I, num_warps=NUM_WARPS)
+    return out

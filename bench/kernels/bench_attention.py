@@ -1,0 +1,226 @@
+"""Paged attention kernels on a GPU at Qwen3-4B's attention shape (32 q heads, 8 kv heads, D 128, page 64, bf16).
+
+    python bench/kernels/bench_attention.py [--out DIR]
+
+Times, with triton.testing.do_bench (median, after warm-up, L2 flushed between calls) on a CUDA-graph
+replay of each call, so that the figures are GPU time and not Python's launch overhead:
+- the split-KV decode (kernel 1 + combine, as called) after 1,024 / 8,192 / 32,768 cached positions
+  for 1 and 16 new tokens and num_splits 4, 8, 16 (and decode_splits' default); each figure is
+  also given as bytes of K and V read per second and as a fraction of the device copy bandwidth
+  (bytes read + written of a large tensor copy, measured in the same run);
+- the prefill kernel on a 1,024-token prompt (and a 1,024-token chunk after 4,096 cached positions),
+  in TFLOP/s (4 T L_avg H D, L_avg = start + (T + 1) / 2 with the causal halving) against
+  --peak-tflops;
+- torch's scaled_dot_product_attention on dense K/V of the same shapes, as a point of comparison.
+Every case is first checked against the twin (causal_attention over gather_pages); the max error is
+printed. ``host_us`` is the wall time per call of back-to-back launches (what a step costs without
+CUDA graphs). The timing floor (a decode over 65 keys) is printed too: about 9 us on an H200, it
+is most of the 1k figures and bounds the 8k ones (8 us of K/V reads at the copy bandwidth).
+With --out DIR, the record goes to DIR/bench_attention.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+SHAPE = dict(heads=32, kv_heads=8, head_dim=128, page_size=64)  # Qwen3-4B
+CONTEXTS = (1024, 8192, 32768)
+DECODE_TOKENS = (1, 16)
+SPLITS = (4, 8, 16)  # plus decode_splits(L) when it is none of these
+PREFILL = ((1024, 0), (1024, 4096))  # (T, start): a prompt, and a chunk after a cached prefix
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None, help="folder for bench_attention.json")
+    parser.add_argument("--rep", type=int, default=60, help="do_bench repetition time per case, ms")
+    parser.add_argument("--warmup", type=int, default=20, help="do_bench warm-up time per case, ms")
+    parser.add_argument("--peak-tflops", type=float, default=800.0, help="bf16 dense matmul peak for the fraction")
+    return parser.parse_args(argv)
+
+
+def copy_bandwidth(gib: float = 2.0, repeats: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second (median)."""
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * n * 2 / statistics.median(times[3:])
+
+
+def make_cache(length: int, t: int, seed: int):
+    """q [t, H, D] and bf16 pages holding [0, length) through a permuted block table, plus dense K/V."""
+    from tileinfer.backends.reference.kv_cache import gather_pages, write_pages
+
+    h, hkv, d, page = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"], SHAPE["page_size"]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    num_pages = -(-length // page) + 4
+    k_pages = torch.zeros(num_pages, hkv, page, d, dtype=torch.bfloat16, device="cuda")
+    v_pages = torch.zeros_like(k_pages)
+    block_table = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
+    pos = torch.arange(length, device="cuda")
+    for pages in (k_pages, v_pages):
+        values = torch.randn(length, hkv, d, generator=gen, device="cuda", dtype=pages.dtype)
+        write_pages(pages, block_table, pos, values)
+    q = torch.randn(t, h, d, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k, v = gather_pages(k_pages, block_table, length), gather_pages(v_pages, block_table, length)
+    return q, k_pages, v_pages, block_table, k, v
+
+
+def max_error(out: torch.Tensor, q, k, v, start: int, scale: float) -> float:
+    from tileinfer.backends.reference.attention import causal_attention
+
+    expected = causal_attention(q, k, v, start, scale)
+    return (out.float() - expected.float()).abs().max().item()
+
+
+def graph_replay(fn):
+    """``fn`` captured in a CUDA graph (after a warm-up call): its replay costs the GPU time of the
+    kernels without Python's per-launch overhead, which would otherwise be timed as well."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def host_us(fn, calls: int = 100) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def sdpa_fn(q, k, v, start: int, scale: float):
+    """torch SDPA on dense [1, H, T, D] / [1, Hkv, L, D] tensors with the same causal alignment."""
+    import torch.nn.functional as F
+
+    t, length = q.shape[0], k.shape[0]
+    qd, kd, vd = q.transpose(0, 1)[None], k.transpose(0, 1).contiguous()[None], v.transpose(0, 1).contiguous()[None]
+    mask = None
+    if t > 1:
+        mask = torch.arange(length, device="cuda")[None, :] <= torch.arange(start, start + t, device="cuda")[:, None]
+    return lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: bench_attention.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    import triton
+    from triton.testing import do_bench
+
+    from tileinfer.backends.triton.paged_attention import (
+        decode_splits,
+        paged_decode_attention,
+        paged_prefill_attention,
+    )
+
+    def bench(fn) -> float:
+        """Median GPU time of ``fn`` in seconds, replayed from a CUDA graph."""
+        return do_bench(graph_replay(fn), warmup=args.warmup, rep=args.rep, return_mode="median") * 1e-3
+
+    t_start = time.perf_counter()
+    bandwidth = copy_bandwidth()
+    h, hkv, d = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"]
+    scale = d ** -0.5
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
+    print(f"shape: {h} q heads, {hkv} kv heads, head_dim {d}, page {SHAPE['page_size']}, bf16")
+    q, k_pages, v_pages, bt, _, _ = make_cache(65, 1, seed=1)
+    floor_s = bench(lambda: paged_decode_attention(q, k_pages, v_pages, bt, 64, scale, num_splits=2))
+    print(f"timing floor (decode over 65 keys, 2 splits, graph replay after the L2 flush): {floor_s * 1e6:.1f} us")
+
+    decode = []
+    print("\ndecode: context  T  splits |  kernel us  host us | KV GB/s  of copy bw | sdpa us | max err")
+    for context in CONTEXTS:
+        for t in DECODE_TOKENS:
+            length = context + t
+            q, k_pages, v_pages, bt, k, v = make_cache(length, t, seed=context + t)
+            kv_bytes = 2 * length * hkv * d * 2
+            sdpa_s = bench(sdpa_fn(q, k, v, context, scale))
+            default = decode_splits(length)
+            for splits in SPLITS + ((default,) if default not in SPLITS else ()):
+                out = torch.empty_like(q)
+                fn = lambda: paged_decode_attention(q, k_pages, v_pages, bt, context, scale,  # noqa: E731
+                                                    num_splits=splits, out=out)
+                fn()
+                err = max_error(out, q, k, v, context, scale)
+                seconds = bench(fn)
+                row = dict(context=context, new_tokens=t, num_splits=splits, default_splits=splits == default,
+                           kernel_us=seconds * 1e6, host_us=host_us(fn), kv_bytes=kv_bytes,
+                           kv_gb_s=kv_bytes / seconds / 1e9,
+                           fraction_of_copy=kv_bytes / seconds / bandwidth, sdpa_us=sdpa_s * 1e6, max_error=err)
+                decode.append(row)
+                label = f"{splits}{'*' if splits == default else ' '}"
+                print(f"        {context:7d} {t:2d} {label:>7} | {row['kernel_us']:9.1f} {row['host_us']:8.1f} | "
+                      f"{row['kv_gb_s']:7.0f} {row['fraction_of_copy']:10.1%} | {row['sdpa_us']:7.1f} | {err:.2e}")
+            del q, k_pages, v_pages, bt, k, v
+    print("        (* = decode_splits default)")
+
+    prefill = []
+    print("\nprefill: T  start |  kernel us  TFLOP/s  of peak | sdpa us  TFLOP/s | max err")
+    for t, start in PREFILL:
+        q, k_pages, v_pages, bt, k, v = make_cache(start + t, t, seed=7 + t + start)
+        out = torch.empty_like(q)
+        fn = lambda: paged_prefill_attention(q, k_pages, v_pages, bt, start, scale, out=out)  # noqa: E731
+        fn()
+        err = max_error(out, q, k, v, start, scale)
+        seconds = bench(fn)
+        sdpa_s = bench(sdpa_fn(q, k, v, start, scale))
+        flops = 4 * t * (start + (t + 1) / 2) * h * d
+        row = dict(new_tokens=t, start=start, kernel_us=seconds * 1e6, tflops=flops / seconds / 1e12,
+                   fraction_of_peak=flops / seconds / 1e12 / args.peak_tflops, sdpa_us=sdpa_s * 1e6,
+                   sdpa_tflops=flops / sdpa_s / 1e12, host_us=host_us(fn), flops=flops, max_error=err)
+        prefill.append(row)
+        print(f"        {t:4d} {start:5d} | {row['kernel_us']:9.1f} {row['tflops']:8.1f} "
+              f"{row['fraction_of_peak']:8.1%} | "
+              f"{row['sdpa_us']:7.1f} {row['sdpa_tflops']:8.1f} | {err:.2e}")
+
+    elapsed = time.perf_counter() - t_start
+    print(f"\n{elapsed:.0f} s")
+    if args.out is not None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = None
+        record = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                      commit=commit, shape=SHAPE, dtype="bfloat16", copy_bandwidth_tb_s=bandwidth / 1e12,
+                      timing_floor_us=floor_s * 1e6,
+                      peak_tflops=args.peak_tflops, decode=decode, prefill=prefill, elapsed_s=elapsed)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / "bench_attention.json"
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Triton attentions, from one kernel per op with the reference attention to the fused engine.
+
+``TritonRefAttention``: per-op input kernels (copies, q/k RMSNorm, RoPE, KV write), then the
+reference dense attention. ``TritonAttention``: the same inputs, then paged flash attention read
+in place through the block table: the split-KV decode kernels for steps of up to 16 tokens
+(decode and speculative verify), the prefill kernel above. ``TritonFusedAttention``: the inputs in
+two kernels (q norm + RoPE; k norm + RoPE + KV write), bit-identical to the per-op chain.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tileinfer.backends.reference.attention import causal_attention
+from tileinfer.backends.triton.attention_inputs import attention_inputs, attention_inputs_unfused
+from tileinfer.backends.triton.paged_attention import (
+    DECODE_MAX_TOKENS,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
+from tileinfer.interfaces import Attention, KVStore, Step
+from tileinfer.plugins.reference.attention import ReferenceAttention
+from tileinfer.plugins.triton.device import kernels_run_on, notice_reference_twin
+
+
+class TritonAttention(Attention):
+    name = "attention=triton"
+
+    def __init__(self, spec, *, layer, q_norm_weight, k_norm_weight, rope) -> None:
+        super().__init__(spec, layer=layer, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, rope=rope)
+        self._twin = None
+        if not kernels_run_on(q_norm_weight.device):
+            notice_reference_twin(self.name)
+            self._twin = ReferenceAttention(spec, layer=layer, q_norm_weight=q_norm_weight,
+                                            k_norm_weight=k_norm_weight, rope=rope)
+
+    def inputs(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        """Write the step's k and v into the pages; return q ``[T, H, D]``."""
+        spec, pages = self.spec, kv.layer(self.layer)
+        return attention_inputs_unfused(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
+                                        step.positions, pages.k, pages.v, kv.block_table, spec.num_heads,
+                                        spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps)
+
+    def attend(self, q: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        pages = kv.layer(self.layer)
+        kernel = paged_decode_attention if step.num_tokens <= DECODE_MAX_TOKENS else paged_prefill_attention
+        return kernel(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale)
+
+    def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        if self._twin is not None:
+            return self._twin(qkv, step, kv)
+        q = self.inputs(qkv, step, kv)
+        return self.attend(q, step, kv).reshape(step.num_tokens, self.spec.num_heads * self.spec.head_dim)
+
+
+class TritonRefAttention(TritonAttention):
+    name = "attention=triton_refattn"
+
+    def attend(self, q: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        keys, values = kv.gather(self.layer, step.end)
+        return causal_attention(q, keys, values, step.start, self.spec.scale)
+
+
+class TritonFusedAttention(TritonAttention):
+    name = "attention=triton_fused"
+
+    def inputs(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        spec, pages = self.spec, kv.layer(self.layer)
+        return attention_inputs(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
+                                step.positions, pages.k, pages.v, kv.block_table, spec.num_heads,
+                                spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps)

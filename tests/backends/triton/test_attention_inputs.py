@@ -1,0 +1,167 @@
+"""The fused attention inputs (backends/triton/attention_inputs.py): ``q_norm_rope`` and
+``k_norm_rope_write`` against the reference chain of plugins/reference/attention.py (split qkv,
+``rms_norm`` of q and k heads, ``apply_rope``, ``write_pages``), and bit for bit against the unfused
+Triton chain ``attention_inputs_unfused`` (copies, ``rms_norm``, ``apply_rope``, ``write_kv``).
+
+q and the pages are poisoned with NaN before each launch, so an unwritten element fails; the block
+table is a random page permutation and positions cross page boundaries.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from tileinfer.backends.reference.kv_cache import write_pages as ref_write_pages
+from tileinfer.backends.reference.norm import rms_norm as ref_rms_norm
+from tileinfer.backends.reference.rope import apply_rope as ref_apply_rope
+from tileinfer.backends.triton.attention_inputs import (
+    attention_inputs,
+    attention_inputs_unfused,
+    k_norm_rope_write,
+    q_norm_rope,
+)
+from tileinfer.model import rope_table
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+THETA = 1_000_000.0  # Qwen3's rope_theta
+EPS = 1e-6
+# Against the reference: the kernel's sum of squares is ordered differently from torch's mean, so a
+# normalized value can land one ulp away; RoPE mixes two such values (|cos| + |sin| <= sqrt 2) and
+# rounds again. Hence two ulps at the vectors' scale (|normalized * weight| < 8) absolute, two ulps
+# relative; and since such a flip is rare, nearly every element must still be bit-identical.
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2 * 2**-8, 2 * 2**-10), torch.bfloat16: (2 * 2**-5, 2 * 2**-7)}
+MIN_EXACT = 0.98  # fraction of bit-identical elements (half precision; float32 rounds too finely)
+
+
+def gen(*key) -> torch.Generator:
+    """A generator seeded from the test case, so every case draws fresh inputs."""
+    return torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(key).encode()))
+
+
+class Case:
+    """Random inputs of one step: qkv, norm weights, rope tables, positions, poisoned pages."""
+
+    def __init__(self, t, heads, kv_heads, head_dim, dtype, page_size, num_pages, key):
+        g = gen(*key)
+        self.t, self.heads, self.kv_heads, self.d, self.dtype = t, heads, kv_heads, head_dim, dtype
+        width = (heads + 2 * kv_heads) * head_dim
+        self.qkv = (torch.randn((t, width), generator=g, device=DEVICE) * 2.0).to(dtype)
+        self.q_w = (torch.rand(head_dim, generator=g, device=DEVICE) + 0.5).to(dtype)
+        self.k_w = (torch.rand(head_dim, generator=g, device=DEVICE) + 0.5).to(dtype)
+        capacity = page_size * num_pages
+        self.table = rope_table(head_dim, THETA, capacity, torch.device(DEVICE))
+        start = int(torch.randint(0, capacity - t + 1, (1,), generator=g, device=DEVICE))
+        self.positions = torch.arange(start, start + t, device=DEVICE)
+        self.block_table = torch.randperm(num_pages, generator=g, device=DEVICE).to(torch.int32)
+        self.page_shape = (num_pages, kv_heads, page_size, head_dim)
+
+    def pages(self):
+        nan = float("nan")
+        return (torch.full(self.page_shape, nan, dtype=self.dtype, device=DEVICE),
+                torch.full(self.page_shape, nan, dtype=self.dtype, device=DEVICE))
+
+    def args(self):
+        """The tail of the argument list shared by the fused pair and the unfused chain."""
+        return self.heads, self.kv_heads, self.d, EPS
+
+    def reference(self):
+        """plugins/reference/attention.py up to the KV write: returns q and the two page tensors."""
+        t, d = self.t, self.d
+        q, k, v = self.qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q = ref_rms_norm(q.reshape(t, self.heads, d), self.q_w, EPS)
+        k = ref_rms_norm(k.reshape(t, self.kv_heads, d), self.k_w, EPS)
+        cos, sin = self.table.cos[self.positions], self.table.sin[self.positions]
+        q, k = ref_apply_rope(q, cos, sin), ref_apply_rope(k, cos, sin)
+        k_pages, v_pages = self.pages()
+        ref_write_pages(k_pages, self.block_table, self.positions, k)
+        ref_write_pages(v_pages, self.block_table, self.positions, v.reshape(t, self.kv_heads, d))
+        return q, k_pages, v_pages
+
+    def fused(self):
+        q = q_norm_rope(self.qkv, self.q_w, self.table.cos, self.table.sin, self.positions, *self.args(),
+                        out=torch.full((self.t, self.heads, self.d), float("nan"), dtype=self.dtype, device=DEVICE))
+        k_pages, v_pages = self.pages()
+        k_norm_rope_write(self.qkv, self.k_w, self.table.cos, self.table.sin, self.positions,
+                          k_pages, v_pages, self.block_table, *self.args())
+        return q, k_pages, v_pages
+
+    def unfused(self):
+        k_pages, v_pages = self.pages()
+        q = attention_inputs_unfused(self.qkv, self.q_w, self.k_w, self.table.cos, self.table.sin, self.positions,
+                                     k_pages, v_pages, self.block_table, *self.args())
+        return q, k_pages, v_pages
+
+
+def assert_near_reference(actual, expected):
+    """Within TOL of the reference, NaN exactly where the reference left a page slot unwritten."""
+    atol, rtol = TOL[expected.dtype]
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
+    if expected.dtype != torch.float32:
+        written = ~expected.isnan()
+        exact = (actual[written] == expected[written]).float().mean().item()
+        assert exact >= MIN_EXACT, f"only {exact:.4f} of the elements are bit-identical to the reference"
+
+
+def assert_same(actual, expected):
+    torch.testing.assert_close(actual, expected, atol=0, rtol=0, equal_nan=True)
+
+
+def check(case: Case):
+    q, k_pages, v_pages = case.fused()
+    ref_q, ref_k, ref_v = case.reference()
+    assert not q.isnan().any()
+    assert_near_reference(q, ref_q)
+    assert_near_reference(k_pages, ref_k)
+    assert_same(v_pages, ref_v)  # v is copied, bit for bit
+    un_q, un_k, un_v = case.unfused()
+    assert torch.equal(q, un_q)
+    assert_same(k_pages, un_k)
+    assert_same(v_pages, un_v)
+
+
+# (T, heads, kv_heads, head_dim, dtype): every T, group sizes 1, 2, 4, both head dims and dtypes
+CPU_CASES = [
+    (1, 2, 2, 128, torch.float16),
+    (2, 4, 2, 64, torch.float32),
+    (7, 8, 2, 128, torch.float16),
+    (7, 2, 2, 64, torch.float32),
+    (16, 4, 1, 64, torch.float16),
+    (16, 8, 2, 128, torch.float32),
+    (33, 4, 2, 64, torch.float16),
+    (33, 12, 3, 128, torch.float32),
+    (1, 8, 2, 64, torch.float32),
+]
+
+
+@pytest.mark.parametrize("t,heads,kv_heads,head_dim,dtype", CPU_CASES,
+                         ids=[f"T{c[0]}-H{c[1]}-Hkv{c[2]}-D{c[3]}-{str(c[4])[6:]}" for c in CPU_CASES])
+def test_attention_inputs(t, heads, kv_heads, head_dim, dtype):
+    check(Case(t, heads, kv_heads, head_dim, dtype, page_size=8, num_pages=8,
+               key=("attention_inputs", t, heads, kv_heads, head_dim, dtype)))
+
+
+def test_fused_pair_helper_and_strided_qkv():
+    """``attention_inputs`` (the pair in one call) on a qkv view whose rows are wider than q|k|v."""
+    case = Case(5, 4, 2, 64, torch.float16, page_size=4, num_pages=4, key=("strided",))
+    wide = torch.randn(case.t, case.qkv.shape[1] + 32, generator=gen("wide"), device=DEVICE).to(case.dtype)
+    wide[:, 16:16 + case.qkv.shape[1]] = case.qkv
+    view = wide[:, 16:16 + case.qkv.shape[1]]
+    ref_q, ref_k, ref_v = case.reference()
+    k_pages, v_pages = case.pages()
+    q = attention_inputs(view, case.q_w, case.k_w, case.table.cos, case.table.sin, case.positions,
+                         k_pages, v_pages, case.block_table, *case.args())
+    assert_near_reference(q, ref_q)
+    assert_near_reference(k_pages, ref_k)
+    assert_same(v_pages, ref_v)
+
+
+# -- GPU: bfloat16 at Qwen3-4B's attention shape (32 q heads, 8 kv heads, head_dim 128) --------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 1024])
+def test_gpu_attention_inputs_bf16(t):
+    check(Case(t, 32, 8, 128, torch.bfloat16, page_size=64, num_pages=64, key=("gpu", t)))

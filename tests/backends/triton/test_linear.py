@@ -1,0 +1,272 @@
+"""linear (tileinfer.backends.triton.linear) against its reference twin, and the SwiGLU epilogue's
+bit-identity with silu_mul(linear(x, w)).
+
+Without a GPU the kernels run under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET
+before this module imports them) on small float16 / float32 shapes; the GPU tests use bfloat16 at
+the real Qwen3-0.6B / 4B layer shapes. Under the interpreter tl.dot is numpy's matmul, whose result
+for an element can depend on its column's place in the tile, so the bit-identity tests there use
+I a multiple of every block_n (as in the real models: I = 3072, 9728), where the fused program's gate
+and up tiles are exactly the unfused program's tiles; on other widths they are compared with a
+tolerance.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+from tileinfer.backends.reference import linear as ref
+from tileinfer.backends.triton.linear import (
+    GEMM_TILES,
+    GemmConfig,
+    GemvConfig,
+    gemm_config,
+    gemv_config,
+    linear,
+)
+from tileinfer.backends.triton.swiglu import silu_mul
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+TOKENS = [1, 2, 7, 16, 17, 40]  # GEMV T=1 (CUDA cores), GEMV tl.dot (2..16), GEMM (17, 40)
+# (atol, rtol) of the output dtype for y ~ N(0, 1): both sides accumulate in float32 in different
+# orders and round once, so outputs in the model dtype are at most ~1 ulp apart; SwiGLU adds the
+# twin's extra rounding of silu(gate) (and exp differences): ~2 ulps.
+TOL = {torch.float32: (2e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+SWIGLU_TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (3.2e-2, 3.2e-2)}
+# (N, K): N not a multiple of any block_n and K not a multiple of any block_k / GPU vector width
+# multiple of 8; and an aligned shape (I = 64) for the bit-identity tests.
+ODD = (200, 136)
+ALIGNED = (128, 96)
+
+
+def seed_of(*parts) -> int:
+    """A different, reproducible seed per test case."""
+    return zlib.crc32(repr(parts).encode()) % (2**31)
+
+
+def random_inputs(T: int, N: int, K: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x ~ N(0, 1) and w ~ N(0, 1/K): y ~ N(0, 1)."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(T, K, generator=g, device=DEVICE).to(dtype)
+    w = (torch.randn(N, K, generator=g, device=DEVICE) / K**0.5).to(dtype)
+    return x, w
+
+
+def poisoned(shape, dtype) -> torch.Tensor:
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
+
+
+def check(out: torch.Tensor, expected: torch.Tensor, tol: dict) -> None:
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    assert not out.isnan().any(), f"{int(out.isnan().sum())} elements unwritten (NaN poison left)"
+    atol, rtol = tol[expected.dtype]
+    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+def run(x, w, out_dtype, epilogue="none", config=None) -> torch.Tensor:
+    n = w.shape[0] // 2 if epilogue == "swiglu" else w.shape[0]
+    out = poisoned((x.shape[0], n), out_dtype)
+    y = linear(x, w, out_dtype=out_dtype, epilogue=epilogue, out=out, config=config)
+    assert y is out
+    return y
+
+
+def out_dtypes(dtype):
+    return [dtype] if dtype == torch.float32 else [dtype, torch.float32]
+
+
+CASES = [(T, dtype, od) for T in TOKENS for dtype in DTYPES for od in out_dtypes(dtype)]
+CASE_IDS = [f"T{T}-{str(dt)[6:]}-out_{str(od)[6:]}" for T, dt, od in CASES]
+
+
+# -- against the twin ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T,dtype,out_dtype", CASES, ids=CASE_IDS)
+def test_linear_matches_reference(T, dtype, out_dtype):
+    N, K = ODD
+    x, w = random_inputs(T, N, K, dtype, seed_of("plain", T, dtype, out_dtype))
+    check(run(x, w, out_dtype), ref.linear(x, w, out_dtype), TOL)
+
+
+@pytest.mark.parametrize("T,dtype,out_dtype", CASES, ids=CASE_IDS)
+def test_swiglu_epilogue_matches_reference(T, dtype, out_dtype):
+    N, K = ODD  # I = 100: up rows start mid-tile
+    x, w = random_inputs(T, N, K, dtype, seed_of("swiglu", T, dtype, out_dtype))
+    expected = ref.silu_mul(ref.linear(x, w, out_dtype))
+    check(run(x, w, out_dtype, "swiglu"), expected, SWIGLU_TOL)
+
+
+@pytest.mark.parametrize("T,dtype,out_dtype", CASES, ids=CASE_IDS)
+def test_swiglu_epilogue_bit_identical_to_unfused(T, dtype, out_dtype):
+    N, K = ALIGNED
+    x, w = random_inputs(T, N, K, dtype, seed_of("identity", T, dtype, out_dtype))
+    fused = run(x, w, out_dtype, "swiglu")
+    unfused = silu_mul(run(x, w, out_dtype))
+    assert torch.equal(fused, unfused), f"max diff {(fused.float() - unfused.float()).abs().max().item()}"
+    check(fused, ref.silu_mul(ref.linear(x, w, out_dtype)), SWIGLU_TOL)
+
+
+# -- split-K, explicit tiles, strided activations -------------------------------------------------
+
+
+SPLIT_CASES = [(T, od, ep) for T in (1, 2, 16) for od in ("model", "float32") for ep in ("none", "swiglu")]
+
+
+@pytest.mark.parametrize("T,out,epilogue", SPLIT_CASES, ids=[f"T{t}-{o}-{e}" for t, o, e in SPLIT_CASES])
+def test_split_k_gemv(T, out, epilogue):
+    """K = 136 in 32-wide chunks (5 chunks, the last one partial) over 3 splits of 2, 2, 1 chunks."""
+    dtype = torch.float16
+    out_dtype = dtype if out == "model" else torch.float32
+    N, K = 96, 136
+    cfg = GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, num_stages=1)
+    x, w = random_inputs(T, N, K, dtype, seed_of("split", T, out, epilogue))
+    y = run(x, w, out_dtype, epilogue, config=cfg)
+    expected = ref.linear(x, w, out_dtype)
+    if epilogue == "swiglu":
+        check(y, ref.silu_mul(expected), SWIGLU_TOL)
+        # the split partials are the unfused kernel's: bit-identical even though I = 48 is not a
+        # multiple of block_n (the reduce kernel applies the epilogue, element by element)
+        assert torch.equal(y, silu_mul(run(x, w, out_dtype, config=cfg)))
+    else:
+        check(y, expected, TOL)
+
+
+@pytest.mark.parametrize("T", [1, 7, 40])
+def test_gemv_and_gemm_with_explicit_tiles(T):
+    """Tiles other than the rule's: several K chunks, unaligned K, M and N tails."""
+    dtype = torch.float16
+    N, K = 80, 100
+    if T <= 16:
+        cfg = GemvConfig(block_n=32, block_k=32, split_k=1, num_warps=4, num_stages=2)
+    else:
+        cfg = GemmConfig(block_m=32, block_n=32, block_k=32, group_m=2, num_warps=4, num_stages=2)
+    x, w = random_inputs(T, N, K, dtype, seed_of("tiles", T))
+    check(run(x, w, dtype, config=cfg), ref.linear(x, w, dtype), TOL)
+
+
+@pytest.mark.parametrize("T", [1, 7, 40])
+def test_row_slice_activations(T):
+    """x may be a column slice of a wider buffer (row stride > K); rows are read with x.stride(0)."""
+    dtype = torch.float16
+    N, K = 64, 96
+    wide, w = random_inputs(T, N, K + 40, dtype, seed_of("strided", T))
+    x = wide[:, 8 : 8 + K]
+    w = w[:, :K].contiguous()
+    assert x.stride(0) == K + 40
+    check(run(x, w, dtype), ref.linear(x, w, dtype), TOL)
+
+
+def test_allocates_output_and_handles_empty_input():
+    x, w = random_inputs(3, 64, 32, torch.float16, seed=11)
+    y = linear(x, w)
+    assert y.shape == (3, 64) and y.dtype == torch.float16 and y.is_contiguous()
+    assert linear(x, w, epilogue="swiglu", out_dtype=torch.float32).shape == (3, 32)
+    assert linear(x[:0], w).shape == (0, 64)
+
+
+def test_rejects_bad_input():
+    x, w = random_inputs(2, 64, 32, torch.float16, seed=12)
+    with pytest.raises(AssertionError):
+        linear(x, w.t().contiguous().t())  # w not row-major
+    with pytest.raises(AssertionError):
+        linear(x.float(), w)  # dtype mismatch
+    with pytest.raises(AssertionError):
+        linear(x, w[:, :16].contiguous())  # K mismatch
+    with pytest.raises(AssertionError):
+        linear(x, w[:63].contiguous(), epilogue="swiglu")  # odd row count
+    with pytest.raises(AssertionError):
+        linear(x, w, epilogue="gelu")
+    with pytest.raises(AssertionError):
+        linear(x, w, out_dtype=torch.bfloat16)  # neither the model dtype nor float32
+
+
+# -- the config rules -------------------------------------------------------------------------------
+
+QWEN3_LAYERS = {  # name: (N, K) of the weight, [gate; up] fused and q/k/v fused as loaded
+    "4B.qkv": (6144, 2560), "4B.o_proj": (2560, 4096), "4B.gate_up": (19456, 2560),
+    "4B.down": (2560, 9728), "4B.lm_head": (151936, 2560),
+    "0.6B.qkv": (4096, 1024), "0.6B.o_proj": (1024, 2048), "0.6B.gate_up": (6144, 1024),
+    "0.6B.down": (1024, 3072), "0.6B.lm_head": (151936, 1024),
+}
+
+
+@pytest.mark.parametrize("name", list(QWEN3_LAYERS))
+@pytest.mark.parametrize("T", [1, 2, 16])
+def test_gemv_config_rule(name, T):
+    N, K = QWEN3_LAYERS[name]
+    cfg = gemv_config(N, K, T)
+    k_blocks = -(-K // cfg.block_k)
+    per_split = -(-k_blocks // cfg.split_k)
+    assert K % cfg.block_k == 0  # the real shapes take the unmasked K loop
+    assert cfg.split_k >= 1 and (cfg.split_k - 1) * per_split < k_blocks  # no empty split
+    row_blocks = -(-N // cfg.block_n)
+    if 4 * row_blocks >= 3 * 132:
+        assert cfg.split_k == 1  # enough programs: no split (gate_up, lm_head; every layer at T=1)
+    else:
+        assert cfg.split_k > 1 and per_split >= 2  # few programs: split, >= 2 chunks per split
+    assert gemv_config(N, K, T) == cfg  # deterministic
+
+
+def test_gemv_config_splits_small_n_layers():
+    assert gemv_config(2560, 9728, 4).split_k > 1  # 4B down_proj: 80 row blocks of 32
+    assert gemv_config(1024, 2048, 16).split_k > 1  # 0.6B o_proj
+    assert gemv_config(6144, 2560, 4).split_k == 1  # 4B qkv: 192 row blocks
+    assert gemv_config(64, 16, 4).split_k == 1  # one K chunk: nothing to split
+
+
+@pytest.mark.parametrize("M", [17, 40, 64, 1024, 4096])
+@pytest.mark.parametrize("name", list(QWEN3_LAYERS))
+def test_gemm_config_rule(M, name):
+    N, K = QWEN3_LAYERS[name]
+    cfg = gemm_config(M, N, K)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k) in [t[:3] for t in GEMM_TILES]
+    assert K % cfg.block_k == 0
+    if name.endswith("gate_up"):
+        assert (N // 2) % cfg.block_n == 0  # fused tiles are exactly unfused ones
+    if M <= 64:
+        assert cfg.block_m == 64  # no 128-row tile that is mostly padding
+
+
+# -- GPU: bfloat16 at the real shapes -------------------------------------------------------------
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out", ["bfloat16", "float32"])
+@pytest.mark.parametrize("T", [1, 4, 7, 16, 17, 40, 1024])
+@pytest.mark.parametrize("name", list(QWEN3_LAYERS))
+def test_gpu_bf16_real_shapes_match_reference(name, T, out):
+    N, K = QWEN3_LAYERS[name]
+    out_dtype = getattr(torch, out)
+    x, w = random_inputs(T, N, K, torch.bfloat16, seed_of("gpu", name, T, out))
+    y = run(x, w, out_dtype)
+    expected = ref.linear(x, w, out_dtype)
+    # bf16 operands, float32 accumulation on both sides in different orders (K up to 9728)
+    tol = {torch.bfloat16: (1.6e-2, 1.6e-2), torch.float32: (1e-3, 1e-3)}
+    check(y, expected, tol)
+    assert rel_err(y, expected) < (4e-3 if out_dtype == torch.bfloat16 else 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out", ["bfloat16", "float32"])
+@pytest.mark.parametrize("T", [1, 4, 16, 64, 1024])
+@pytest.mark.parametrize("name", list(QWEN3_LAYERS))
+def test_gpu_swiglu_epilogue_bit_identical(name, T, out):
+    """Every real shape as if it were a [gate; up] weight: covers the GEMV with and without
+    split-K and every GEMM tile the rule picks."""
+    N, K = QWEN3_LAYERS[name]
+    out_dtype = getattr(torch, out)
+    x, w = random_inputs(T, N, K, torch.bfloat16, seed_of("gpu-identity", name, T, out))
+    fused = run(x, w, out_dtype, "swiglu")
+    unfused = silu_mul(run(x, w, out_dtype))
+    assert torch.equal(fused, unfused), f"max diff {(fused.float() - unfused.float()).abs().max().item()}"
+    if name.endswith("gate_up"):
+        expected = ref.silu_mul(ref.linear(x, w, out_dtype))
+        check(fused, expected, {torch.bfloat16: (3.2e-2, 3.2e-2), torch.float32: (1e-3, 1e-3)})

@@ -1,0 +1,212 @@
+"""Paged prefill and split-KV decode attention (tileinfer.backends.triton.paged_attention) against
+the twin: causal_attention over gather_pages of the same pages.
+
+Every case builds a fresh pool whose pages start as NaN (so a read of a wrong page, of a slot past
+the context or of an unreserved table entry shows up), a block table that is a random permutation
+of the pool, and an output pre-filled with NaN. Without a GPU the kernels run under the Triton
+interpreter on float16/float32 data with small head counts; the GPU cases use bfloat16 at
+Qwen3-4B's attention shape (32 q heads, 8 kv heads, head_dim 128, page 64).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileinfer.backends.reference.attention import causal_attention
+from tileinfer.backends.reference.kv_cache import gather_pages, write_pages
+from tileinfer.backends.triton.paged_attention import (
+    decode_splits,
+    paged_decode_attention,
+    paged_prefill_attention,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
+# (atol, rtol) against the twin, whose output is rounded to the same dtype. fp16/bf16: P is rounded
+# to the K/V dtype before the P.V dot, and both outputs are rounded once (up to 1 ulp apart).
+TOLERANCES = {F32: (2e-5, 2e-5), F16: (3e-3, 3e-3), BF16: (3e-2, 2e-2)}
+CPU_KV_HEADS = 2  # the kernels loop over kv heads; two are enough to catch a wrong head stride
+
+
+def make_case(seed: int, t: int, start: int, group: int, head_dim: int, page_size: int, dtype: torch.dtype,
+              kv_heads: int = CPU_KV_HEADS, spare_pages: int = 3):
+    """Random q and a NaN-poisoned pool holding positions [0, start + t) through a permuted table."""
+    gen = torch.Generator().manual_seed(seed)
+    length = start + t
+    num_pages = -(-length // page_size) + spare_pages
+    k_pages = torch.full((num_pages, kv_heads, page_size, head_dim), float("nan"), dtype=dtype, device=DEVICE)
+    v_pages = torch.full_like(k_pages, float("nan"))
+    block_table = torch.randperm(num_pages, generator=gen).to(torch.int32).to(DEVICE)
+    positions = torch.arange(length, device=DEVICE)
+    for pages in (k_pages, v_pages):
+        values = torch.randn(length, kv_heads, head_dim, generator=gen).to(DEVICE, dtype)
+        write_pages(pages, block_table, positions, values)
+    q = torch.randn(t, kv_heads * group, head_dim, generator=gen).to(DEVICE, dtype)
+    return q, k_pages, v_pages, block_table
+
+
+def reference(q, k_pages, v_pages, block_table, start, scale):
+    length = start + q.shape[0]
+    return causal_attention(q, gather_pages(k_pages, block_table, length),
+                            gather_pages(v_pages, block_table, length), start, scale)
+
+
+def check(out: torch.Tensor, expected: torch.Tensor) -> None:
+    assert not out.isnan().any(), f"{int(out.isnan().sum())} NaN in the output"
+    atol, rtol = TOLERANCES[expected.dtype]
+    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+
+
+def run_case(fn, seed, t, start, group, head_dim, page_size, dtype, kv_heads=CPU_KV_HEADS, **kw):
+    q, k_pages, v_pages, block_table = make_case(seed, t, start, group, head_dim, page_size, dtype, kv_heads)
+    scale = head_dim ** -0.5
+    out = torch.full_like(q, float("nan"))
+    got = fn(q, k_pages, v_pages, block_table, start, scale, out=out, **kw)
+    assert got is out
+    check(out, reference(q, k_pages, v_pages, block_table, start, scale))
+
+
+def case_id(case) -> str:
+    return "-".join(str(x).replace("torch.", "") for x in case)
+
+
+# -- decode (1..16 new tokens, split-KV) ------------------------------------------------------------
+
+# (T, start, group, head_dim, page_size, num_splits, dtype); None = decode_splits(L).
+DECODE_CASES = [
+    (1, 1, 1, 64, 16, None, F32),      # L = 2
+    (1, 15, 2, 64, 16, 3, F32),        # L = 16, one full page; two empty splits
+    (1, 16, 4, 128, 16, 8, F16),       # L = 17, one key into the second page; seven empty splits
+    (1, 100, 2, 128, 64, 1, F16),      # a partial second page, one split (no combine)
+    (1, 1000, 4, 64, 64, 8, F32),      # 1,001 keys over 8 splits of 128
+    (2, 17, 2, 64, 16, 1, F32),
+    (2, 100, 1, 128, 64, 3, F16),
+    (7, 15, 4, 64, 16, 8, F32),        # the new tokens straddle a page boundary
+    (7, 100, 1, 64, 64, 8, F32),
+    (7, 380, 2, 64, 16, 3, F16),       # the new tokens straddle a split boundary (384)
+    (7, 1000, 2, 128, 64, None, F16),  # default: 7 splits
+    (16, 16, 2, 128, 16, 3, F16),
+    (16, 17, 4, 64, 64, 8, F32),       # 33 keys: one tile, seven empty splits
+    (16, 100, 1, 64, 16, None, F32),   # default: 1 split (116 keys)
+    (16, 1000, 4, 128, 16, 8, F16),    # 64 q rows
+    (16, 1008, 2, 64, 64, 3, F32),     # L = 1,024, a multiple of the page size
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=case_id)
+def test_decode_matches_twin(case):
+    t, start, group, head_dim, page_size, num_splits, dtype = case
+    run_case(paged_decode_attention, 1000 + DECODE_CASES.index(case), t, start, group, head_dim, page_size,
+             dtype, num_splits=num_splits)
+
+
+# -- prefill ----------------------------------------------------------------------------------------
+
+# (T, start, group, head_dim, page_size, dtype)
+PREFILL_CASES = [
+    (1, 0, 1, 64, 16, F32),
+    (7, 0, 2, 64, 16, F32),
+    (16, 0, 4, 128, 64, F16),
+    (33, 0, 4, 64, 16, F32),     # 132 rows: two q blocks of 128
+    (100, 0, 2, 128, 64, F16),
+    (1, 100, 4, 128, 64, F16),
+    (16, 15, 2, 128, 16, F32),
+    (33, 64, 1, 128, 64, F16),   # a chunk after one full cached page
+    (100, 37, 4, 64, 16, F32),   # after a prefix that is not page-aligned; unmasked and diagonal tiles
+    (7, 1000, 2, 64, 64, F32),
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
+def test_prefill_matches_twin(case):
+    t, start, group, head_dim, page_size, dtype = case
+    run_case(paged_prefill_attention, 2000 + PREFILL_CASES.index(case), t, start, group, head_dim, page_size, dtype)
+
+
+# -- layouts, defaults, contract ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [paged_prefill_attention, paged_decode_attention])
+def test_strided_q_and_out(fn):
+    """q and out as views into a fused [T, H + 2 Hkv, D] buffer (the qkv projection's layout)."""
+    t, start, group, head_dim, hkv = 5, 40, 2, 64, CPU_KV_HEADS
+    _, k_pages, v_pages, block_table = make_case(31, t, start, group, head_dim, 16, F32)
+    h = hkv * group
+    qkv = torch.randn(t, h + 2 * hkv, head_dim, generator=torch.Generator().manual_seed(32)).to(DEVICE)
+    q = qkv[:, :h]
+    out_buf = torch.full_like(qkv, float("nan"))
+    fn(q, k_pages, v_pages, block_table, start, 0.1, out=out_buf[:, :h])
+    check(out_buf[:, :h], reference(q, k_pages, v_pages, block_table, start, 0.1))
+    assert out_buf[:, h:].isnan().all()
+
+
+def test_allocates_output_and_agrees_across_splits():
+    q, k_pages, v_pages, block_table = make_case(41, 3, 300, 2, 64, 16, F32)
+    outs = [paged_decode_attention(q, k_pages, v_pages, block_table, 300, 0.125, num_splits=s) for s in (1, 2, 5)]
+    outs.append(paged_prefill_attention(q, k_pages, v_pages, block_table, 300, 0.125))
+    for out in outs:
+        assert out.shape == q.shape and out.dtype == q.dtype
+        torch.testing.assert_close(out, outs[0], atol=2e-6, rtol=2e-6)
+
+
+def test_bfloat16_runs_on_the_interpreter_too():
+    """Under the interpreter bf16 tiles are cast to float32 after loading (its bf16 dot is wrong)."""
+    run_case(paged_decode_attention, 51, 4, 70, 2, 64, 16, BF16, num_splits=2)
+    run_case(paged_prefill_attention, 52, 20, 9, 4, 64, 16, BF16)
+
+
+def test_decode_splits_rule():
+    lengths = (1, 127, 128, 255, 256, 1024, 2047, 2048, 32768)
+    assert [decode_splits(n) for n in lengths] == [1, 1, 1, 1, 2, 8, 15, 16, 16]
+
+
+def test_rejects_bad_inputs():
+    q, k_pages, v_pages, block_table = make_case(61, 2, 40, 2, 64, 16, F32)  # L = 42: three pages
+    with pytest.raises(AssertionError, match="int32"):
+        paged_prefill_attention(q, k_pages, v_pages, block_table.long(), 40, 0.1)
+    with pytest.raises(AssertionError, match="dtype"):
+        paged_decode_attention(q.half(), k_pages, v_pages, block_table, 40, 0.1)
+    with pytest.raises(AssertionError, match="block_table holds"):
+        paged_decode_attention(q, k_pages, v_pages, block_table[:2], 40, 0.1)
+    with pytest.raises(AssertionError, match="contiguous"):
+        paged_prefill_attention(q.transpose(1, 2).contiguous().transpose(1, 2), k_pages, v_pages, block_table, 40, 0.1)
+    q17 = torch.zeros(17, q.shape[1], q.shape[2], device=DEVICE)
+    with pytest.raises(AssertionError, match="at most 16"):
+        paged_decode_attention(q17, k_pages, v_pages, block_table, 40, 0.1)
+
+
+# -- GPU: bfloat16 at Qwen3-4B's shape -----------------------------------------------------------------
+
+QWEN3_4B = dict(group=4, head_dim=128, page_size=64, dtype=BF16, kv_heads=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [1024, 8192, 32768])
+@pytest.mark.parametrize("t", [1, 16])
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 8, 16])
+def test_decode_qwen3_4b_gpu(context, t, num_splits):
+    run_case(paged_decode_attention, 3000 + context + t + (num_splits or 0), t, context, **QWEN3_4B,
+             num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("start", [0, 1000, 4096])
+@pytest.mark.parametrize("t", [1024, 100, 7])
+def test_prefill_qwen3_4b_gpu(start, t):
+    run_case(paged_prefill_attention, 4000 + start + t, t, start, **QWEN3_4B)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_gpu_geometries(head_dim, group, page_size):
+    """The CPU cases' geometries compiled for the GPU (bf16, 8 kv heads)."""
+    geo = dict(group=group, head_dim=head_dim, page_size=page_size, dtype=BF16, kv_heads=8)
+    seed = 5000 + head_dim + 10 * group + page_size
+    run_case(paged_prefill_attention, seed, 1024, 0, **geo)
+    run_case(paged_prefill_attention, seed + 1, 33, 1000, **geo)
+    for t in (1, 7, 16):
+        run_case(paged_decode_attention, seed + 2 + t, t, 2000 + t, **geo, num_splits=None)
+        run_case(paged_decode_attention, seed + 20 + t, t, 17, **geo, num_splits=8)
