@@ -45,6 +45,7 @@ class Config:
     seed: int = MISSING
     spec_k: int = MISSING
     kv_page_size: int = MISSING
+    cuda_graphs: bool = MISSING
     kv_capacity: int = MISSING
     options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 

@@ -22,6 +22,7 @@ from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
 from tileinfer.registry import Registry, build_registry
 from tileinfer.speculative import verify_greedy, verify_sampled
+from tileinfer.steps import EagerSteps, GraphedSteps, notice_no_graphs
 from tileinfer.tokenizer import StreamDecoder, Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -105,6 +106,10 @@ class Engine:
             context = ProposerContext(self.model, self.sampler, config, self.registry,
                                       options_for(config, config.proposer))
             self.proposer = self.registry.get("proposer", config.proposer)(context)
+        graphs = config.cuda_graphs and self.device.type == "cuda"
+        if config.cuda_graphs and not graphs:
+            notice_no_graphs(self.device)
+        self.steps = (GraphedSteps if graphs else EagerSteps)(self.model, self.kv, self._capture())
 
     @classmethod
     def from_config(cls, *sources: ConfigSource, overrides: Sequence[str] = (), registry: Registry | None = None,
@@ -216,10 +221,9 @@ class Engine:
         draft = Draft([])
         if self.proposer and remaining > 1:
             draft = self.proposer.propose(sequence, min(self.config.spec_k, remaining - 1))
-        step = Step.at(cached, 1 + len(draft.tokens), self.device)
-        self.kv.reserve(step.end)
+        self.kv.reserve(cached + 1 + len(draft.tokens))
         tokens = torch.tensor([sequence[-1], *draft.tokens], dtype=torch.int64, device=self.device)
-        logits, hidden = self.model.forward(tokens, step, self.kv, capture=self._capture())
+        logits, hidden = self.steps.forward(tokens, cached)
         if not draft.tokens:
             new = [int(self.sampler.sample(logits).tokens[0])]
         elif self.sampler.greedy:

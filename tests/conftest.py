@@ -29,6 +29,16 @@ CORPUS = [
 ]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """The tests run tiny matmuls: on a 2-core machine intra-op threads only add overhead and
+    jitter (loops of small ops ran up to 20x slower with 2 threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def gpu_available() -> bool:
     return torch.cuda.is_available()
 

@@ -200,7 +200,7 @@ def _paged_decode_kernel(
     stride_kp, stride_kh, stride_ks,
     stride_vp, stride_vh, stride_vs,
     stride_ot, stride_oh,
-    T, start, qk_scale, chunk, num_splits,
+    T, pos_ptr, qk_scale, num_splits,
     NUM_HEADS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -212,9 +212,11 @@ def _paged_decode_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q, tok, head, row_ok = _load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
                                         GROUP, UPCAST)
+    start = tl.load(pos_ptr).to(tl.int32)  # read on the device: a replayed CUDA graph sees the new value
     qpos = start + tok
 
     length = start + T
+    chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
     lo = split * chunk  # chunk is a multiple of BLOCK_N
     hi = tl.minimum(lo + chunk, length)
     full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N  # keys all rows see
@@ -372,17 +374,26 @@ def _decode_config(rows: int, head_dim: int) -> dict:
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_table: torch.Tensor, start: int, scale: float, *,
-                           num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                           positions: torch.Tensor | None = None, num_splits: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """Split-KV (flash-decoding) version of :func:`paged_prefill_attention` for 1..16 new tokens
     (a decode step, or the verification of speculative drafts); same contract and result.
 
     The ``L = start + T`` positions are cut into ``num_splits`` contiguous chunks (multiples of the
     key tile; trailing splits may be empty), each scanned by one program per kv head, then merged.
     ``num_splits`` defaults to :func:`decode_splits` ``(L)``.
+
+    The kernel reads the start from ``positions[0]`` on the device (``positions``: the step's
+    ``[T]`` int64 positions; made from ``start`` when not given), so that a CUDA graph captured
+    once replays correctly at any start: then pass ``num_splits`` explicitly (sized for the longest
+    context the graph serves), since the host ``start`` is only that of the capture.
     """
     t, h, d, hkv, page_size = _check_inputs(q, k_pages, v_pages, block_table, start, out)
     assert t <= DECODE_MAX_TOKENS, f"the decode kernel takes at most {DECODE_MAX_TOKENS} new tokens, got {t}"
     length = start + t
+    if positions is None:
+        positions = torch.tensor([start], dtype=torch.int64, device=q.device)
+    assert positions.device == q.device and positions.dtype == torch.int64, "positions must be int64 on q's device"
     if num_splits is None:
         num_splits = decode_splits(length)
     assert num_splits >= 1, f"num_splits must be >= 1, got {num_splits}"
@@ -391,8 +402,6 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     group = h // hkv
     block_m = max(16, triton.next_power_of_2(t * group))
     config = _decode_config(t * group, d)
-    block_n = config["BLOCK_N"]
-    chunk = triton.cdiv(triton.cdiv(length, num_splits), block_n) * block_n
     upcast, precision = _kernel_flags(q.dtype, q.device)
     if num_splits == 1:
         part = m_buf = l_buf = out  # unused by the kernel when SINGLE_SPLIT
@@ -404,7 +413,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
         out.stride(0), out.stride(1),
-        t, start, scale * LOG2E, chunk, num_splits,
+        t, positions, scale * LOG2E, num_splits,
         NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
         BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, **config,
     )

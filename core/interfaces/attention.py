@@ -49,11 +49,17 @@ class Step:
 
     Prefill is ``start = 0`` with the whole prompt; decode has one token; a speculative verify step
     has ``k + 1``. ``positions`` is ``[num_tokens]`` int64 on the device.
+
+    ``max_context`` is set on a step captured into a CUDA graph and replayed at other positions:
+    then ``start`` is only the capture's, implementations must take the step's positions from the
+    ``positions`` tensor on the device (``positions[0]`` is the start) and size their work for up to
+    ``max_context`` cached positions.
     """
 
     start: int
     num_tokens: int
     positions: torch.Tensor
+    max_context: int | None = None
 
     @classmethod
     def at(cls, start: int, num_tokens: int, device: torch.device) -> "Step":

@@ -24,9 +24,17 @@ class ReferenceAttention(Attention):
         cos, sin = self.rope.cos[step.positions], self.rope.sin[step.positions]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv.write(self.layer, step.positions, k, v.reshape(t, spec.num_kv_heads, d))
-        keys, values = kv.gather(self.layer, step.end)
         smooth = kv.layer(self.layer).k_smooth
         if smooth is not None:  # the cache holds k / smooth: scale the query instead
             q = (q.float() * smooth).to(q.dtype)
-        out = causal_attention(q, keys, values, step.start, spec.scale)
-        return out.reshape(t, spec.num_heads * d)
+        return dense_attention(q, step, kv, self.layer, spec.scale).reshape(t, spec.num_heads * d)
+
+
+def dense_attention(q: torch.Tensor, step: Step, kv: KVStore, layer: int, scale: float) -> torch.Tensor:
+    """Gather the layer's pages into dense K and V and attend, materializing the scores. A step
+    replayed from a CUDA graph gathers ``max_context`` positions and masks by its positions tensor."""
+    if step.max_context is None:
+        keys, values = kv.gather(layer, step.end)
+        return causal_attention(q, keys, values, step.start, scale)
+    keys, values = kv.gather(layer, step.max_context)
+    return causal_attention(q, keys, values, step.positions, scale)

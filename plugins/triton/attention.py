@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from tileinfer.backends.reference.attention import causal_attention
 from tileinfer.backends.triton.attention_inputs import attention_inputs, attention_inputs_unfused
 from tileinfer.backends.triton.paged_attention import (
     DECODE_MAX_TOKENS,
+    decode_splits,
     paged_decode_attention,
     paged_prefill_attention,
 )
 from tileinfer.interfaces import Attention, KVStore, Step
-from tileinfer.plugins.reference.attention import ReferenceAttention
+from tileinfer.plugins.reference.attention import ReferenceAttention, dense_attention
 from tileinfer.plugins.triton.device import kernels_run_on, notice_reference_twin
 
 
@@ -43,8 +43,11 @@ class TritonAttention(Attention):
 
     def attend(self, q: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         pages = kv.layer(self.layer)
-        kernel = paged_decode_attention if step.num_tokens <= DECODE_MAX_TOKENS else paged_prefill_attention
-        return kernel(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale)
+        if step.num_tokens > DECODE_MAX_TOKENS:
+            return paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale)
+        splits = None if step.max_context is None else decode_splits(step.max_context)
+        return paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale,
+                                      positions=step.positions, num_splits=splits)
 
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         if self._twin is not None:
@@ -57,8 +60,7 @@ class TritonRefAttention(TritonAttention):
     name = "attention=triton_refattn"
 
     def attend(self, q: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
-        keys, values = kv.gather(self.layer, step.end)
-        return causal_attention(q, keys, values, step.start, self.spec.scale)
+        return dense_attention(q, step, kv, self.layer, self.spec.scale)
 
 
 class TritonFusedAttention(TritonAttention):

@@ -37,14 +37,6 @@ CHECKPOINTS = {
 COMBOS = [(kv, proposer, page) for kv in ("paged",) for proposer in ("none", "ngram") for page in (16, 64)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: intra-op threads only add overhead and timing jitter."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def prompt() -> list[int]:
     first = torch.randint(0, 320, (20,), generator=torch.Generator().manual_seed(123)).tolist()

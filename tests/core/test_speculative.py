@@ -13,14 +13,6 @@ from tileinfer.plugins.reference.sampler import ReferenceSampler
 from tileinfer.speculative import verify_greedy, verify_sampled
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: intra-op threads only add overhead and timing jitter."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def engine(folder, **kw):
     return tileinfer.Engine.from_config(model=str(folder), device="cpu", dtype="float32", kv_page_size=16,

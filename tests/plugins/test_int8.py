@@ -35,14 +35,6 @@ OUTLIER_CHANNELS = [3, 17, 40]
 OUTLIER_VALUE = 20.0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: intra-op threads only add overhead and timing jitter."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def engine(folder, **kw):
     return tileinfer.Engine.from_config(model=str(folder), device="cpu", dtype="float32", kv_page_size=16,

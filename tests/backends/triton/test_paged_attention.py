@@ -210,3 +210,16 @@ def test_gpu_geometries(head_dim, group, page_size):
     for t in (1, 7, 16):
         run_case(paged_decode_attention, seed + 2 + t, t, 2000 + t, **geo, num_splits=None)
         run_case(paged_decode_attention, seed + 20 + t, t, 17, **geo, num_splits=8)
+
+
+@pytest.mark.parametrize("true_start", [1, 70, 200])
+def test_decode_reads_the_start_from_the_positions_tensor(true_start):
+    """As a replayed CUDA graph does: the host start is that of the capture (0), only the device
+    positions tensor holds the step's real start; the result must follow the tensor."""
+    dtype = F32 if DEVICE == "cpu" else BF16
+    t = 3
+    q, k_pages, v_pages, block_table = make_case(true_start, t, true_start, 2, 64, 16, dtype)
+    positions = torch.arange(true_start, true_start + t, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    paged_decode_attention(q, k_pages, v_pages, block_table, 0, 0.125, positions=positions, num_splits=8, out=out)
+    check(out, reference(q, k_pages, v_pages, block_table, true_start, 0.125))

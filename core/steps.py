@@ -1,0 +1,113 @@
+"""How decode and verify steps run: eagerly, or from CUDA graphs captured once per token count.
+
+Both runners have ``forward(tokens, start) -> (logits, hidden)``; the engine picks one when it is
+built (config key ``cuda_graphs``).
+
+A step of ``T <= 16`` tokens reads its token ids and positions from static device buffers that
+are updated in place before each replay, and every implementation takes the step's positions
+from the device (``Step.max_context`` tells it that ``Step.start`` is only the capture's). The
+block table is the KV store's own tensor, which covers the whole pool, so a graph stays valid for
+any context the pool holds. Prefill steps stay eager.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Collection
+
+import torch
+
+from tileinfer.interfaces import KVStore, Step
+from tileinfer.model import Qwen3Model
+
+MAX_GRAPH_TOKENS = 16
+
+
+Outputs = tuple[torch.Tensor, dict[int, torch.Tensor]]
+
+
+class EagerSteps:
+    """Each step is a plain call of the model's forward."""
+
+    def __init__(self, model: Qwen3Model, kv: KVStore, capture_layers: Collection[int] = ()) -> None:
+        self.model, self.kv, self.capture_layers = model, kv, tuple(capture_layers)
+
+    def forward(self, tokens: torch.Tensor, start: int) -> Outputs:
+        step = Step.at(start, tokens.numel(), self.model.device)
+        return self.model.forward(tokens, step, self.kv, capture=self.capture_layers)
+
+    def report(self) -> str:
+        return "eager steps"
+
+
+def cuda_graph_capture(fn: Callable[[], Outputs], pool) -> tuple[Callable[[], None], Outputs]:
+    """Capture ``fn`` into a CUDA graph: returns its replay and its static outputs."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return graph.replay, outputs
+
+
+class GraphedSteps:
+    """``forward(tokens, start)`` for steps of 1..16 tokens, one captured graph per token count.
+
+    ``capture(fn, pool) -> (replay, outputs)`` is ``cuda_graph_capture``; the tests hand in a
+    stand-in that re-runs ``fn`` on each replay with the capture's ``start``, to check on a CPU that
+    nothing but the static buffers carries a step's inputs.
+    """
+
+    def __init__(self, model: Qwen3Model, kv: KVStore, capture_layers: Collection[int] = (), *,
+                 capture: Callable = cuda_graph_capture) -> None:
+        self.model, self.kv, self.capture_layers = model, kv, tuple(capture_layers)
+        device = model.device
+        self.tokens = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.int64, device=device)
+        self._offsets = torch.arange(MAX_GRAPH_TOKENS, dtype=torch.int64, device=device)
+        self._capture = capture
+        self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        self.graphs: dict[int, tuple[Callable[[], None], Outputs]] = {}
+        self.capture_ms = 0.0
+        self.memory_bytes = 0
+
+    def forward(self, tokens: torch.Tensor, start: int) -> Outputs:
+        """Logits ``[T, V]`` float32 (and captured hidden states) of ``tokens`` at ``start``.
+
+        The returned tensors are the graph's static outputs: read them before the next call.
+        """
+        t = tokens.numel()
+        self.tokens[:t].copy_(tokens, non_blocking=True)
+        torch.add(self._offsets[:t], start, out=self.positions[:t])
+        if t not in self.graphs:
+            self._record(t, start)
+        replay, outputs = self.graphs[t]
+        replay()
+        return outputs
+
+    def _step(self, t: int, start: int) -> Outputs:
+        step = Step(start, t, self.positions[:t], max_context=self.kv.capacity)
+        return self.model.forward(self.tokens[:t], step, self.kv, capture=self.capture_layers)
+
+    def _record(self, t: int, start: int) -> None:
+        cuda = self.model.device.type == "cuda"
+        began = time.perf_counter()
+        before = torch.cuda.memory_allocated() if cuda else 0
+        if cuda:  # warm up on a side stream: kernel compilation and library handles stay out of the graph
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._step(t, start)
+            torch.cuda.current_stream().wait_stream(side)
+        self.graphs[t] = self._capture(lambda: self._step(t, start), self._pool)
+        if cuda:
+            torch.cuda.synchronize()
+        self.capture_ms += (time.perf_counter() - began) * 1e3
+        self.memory_bytes += (torch.cuda.memory_allocated() - before) if cuda else 0
+
+    def report(self) -> str:
+        return (f"{len(self.graphs)} CUDA graphs (token counts {sorted(self.graphs)}), captured in "
+                f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB")
+
+
+def notice_no_graphs(device: torch.device) -> None:
+    print(f"notice: cuda_graphs has no effect on device {device.type} (CUDA graphs need a GPU)", file=sys.stderr)

@@ -1,0 +1,87 @@
+"""Steps replayed as a CUDA graph replays them: on a CPU, a stand-in capture re-runs the step
+with the capture's host ``start`` and only the static buffers changed, so an implementation
+that reads a step's position from the host instead of the device gives wrong tokens here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tileinfer
+from conftest import DEVICE
+from tileinfer.steps import GraphedSteps
+
+
+def rerun_capture(fn, pool):
+    """Stand-in for cuda_graph_capture: replay re-runs ``fn`` (with its captured arguments) and
+    writes the results into the first run's output tensors, as a graph writes its static outputs."""
+    logits, hidden = fn()
+
+    def replay():
+        new_logits, new_hidden = fn()
+        logits.copy_(new_logits)
+        for layer, tensor in hidden.items():
+            tensor.copy_(new_hidden[layer])
+
+    return replay, (logits, hidden)
+
+
+PROMPT = [(7 * i) % 23 + 40 for i in range(18)] * 2  # repetitive: n-gram drafts, verify steps of several tokens
+
+
+@pytest.fixture(scope="module")
+def folder(checkpoint_factory):
+    return checkpoint_factory(heads=4, kv_heads=2, head_dim=32, hidden=64, layers=2)
+
+
+def generate(folder, variant, replayed, **keys):
+    engine = tileinfer.Engine.from_config(variant, model=str(folder), device=DEVICE, dtype="float32",
+                                          kv_page_size=16, progress=False, **keys)
+    if replayed:
+        engine.steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
+    result = engine.generate(PROMPT, max_new_tokens=14)  # positions 36 to 49: cross a page boundary (48)
+    return result, engine.steps
+
+
+@pytest.mark.parametrize("variant, proposer", [("reference", "none"), ("reference", "ngram"),
+                                               ("tile-eager", "ngram")])
+def test_replayed_steps_give_the_eager_tokens(folder, variant, proposer):
+    eager, _ = generate(folder, variant, replayed=False, proposer=proposer, spec_k=3)
+    replayed, steps = generate(folder, variant, replayed=True, proposer=proposer, spec_k=3)
+    assert replayed.token_ids == eager.token_ids
+    assert 1 in steps.graphs  # plain decode steps were replayed
+    if proposer == "ngram":
+        assert replayed.stats.drafted_tokens > 0 and len(steps.graphs) > 1  # so were verify steps
+
+
+def test_a_position_read_from_the_host_is_caught(folder, monkeypatch):
+    """The stand-in is strict enough: break the device-side start and the tokens change."""
+    eager, _ = generate(folder, "reference", replayed=False)
+    from tileinfer.plugins.reference import attention
+
+    def stale(q, step, kv, layer, scale):  # reads the host start, as eager code may
+        keys, values = kv.gather(layer, step.start + step.num_tokens)
+        return attention.causal_attention(q, keys, values, step.start, scale)
+
+    monkeypatch.setattr(attention, "dense_attention", stale)
+    replayed, _ = generate(folder, "reference", replayed=True)
+    assert replayed.token_ids != eager.token_ids
+
+
+def test_cuda_graphs_key_is_accepted_on_a_cpu_with_a_notice(folder, capsys):
+    if DEVICE != "cpu":
+        pytest.skip("checks the CPU notice")
+    result, steps = generate(folder, "reference", replayed=False, cuda_graphs=True)
+    assert "cuda_graphs has no effect" in capsys.readouterr().err
+    assert type(steps).__name__ == "EagerSteps" and len(result.token_ids) == 14
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["reference", "unfused-eager", "tile-eager", "cublas-linears"])
+def test_cuda_graphs_give_the_eager_tokens_on_the_gpu(folder, variant):
+    eager, _ = generate(folder, variant, replayed=False, proposer="ngram", spec_k=3)
+    graphed, steps = generate(folder, variant, replayed=False, proposer="ngram", spec_k=3, cuda_graphs=True)
+    assert isinstance(steps, GraphedSteps) and steps.graphs
+    assert graphed.token_ids == eager.token_ids
+    again, _ = generate(folder, variant, replayed=False, cuda_graphs=True)  # a fresh engine in the same process
+    assert again.token_ids == generate(folder, variant, replayed=False)[0].token_ids
