@@ -19,6 +19,10 @@ SHAPES = {
                      tie_word_embeddings=True, **COMMON),
     "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      tie_word_embeddings=False, **COMMON),
+    # Not a Qwen3 model: a few-MB stand-in so that the benchmark suite runs on a CPU in seconds.
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=32,
+                 num_key_value_heads=2, vocab_size=512, rms_norm_eps=1e-6, rope_theta=1e6,
+                 max_position_embeddings=40960, tie_word_embeddings=True),
 }
 
 
@@ -53,5 +57,6 @@ def weight_bytes(shape: str, bytes_per_weight: float = 2.0) -> int:
 
 
 def kv_bytes_per_position(shape: str, bytes_per_value: float = 2.0) -> int:
+    """Bytes of keys and values one cached position holds, over all layers."""
     s = SHAPES[shape]
     return int(2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * bytes_per_value)

@@ -16,7 +16,7 @@ import torch
 
 from tileinfer.config import Config, ConfigSource, check_names, load_config, options_for
 from tileinfer.errors import ConfigError, UsageError
-from tileinfer.interfaces import Draft, KVGeometry, Proposer, ProposerContext, SamplingParams, Step
+from tileinfer.interfaces import Draft, KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams, Step
 from tileinfer.loading import CheckpointReader
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
@@ -67,6 +67,7 @@ class Engine:
     """
 
     def __init__(self, config: Config, registry: Registry | None = None, *, progress: bool = True) -> None:
+        # Everything a user can get wrong is checked before the weights are read.
         self.registry = registry or build_registry()
         check_names(config, self.registry)
         self.config = config
@@ -77,8 +78,7 @@ class Engine:
             raise ConfigError(f"model folder not found: {folder}")
         self.device = resolve_device(config.device)
         self.dtype = DTYPES[config.dtype]
-        self.model_config = ModelConfig.from_folder(folder)
-        reader = CheckpointReader(folder, self.model_config, self.device, self.dtype)
+        params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
         backend = Backend(
             linear=self.registry.get("linear", config.linear),
             attention=self.registry.get("attention", config.attention),
@@ -89,17 +89,13 @@ class Engine:
         if kv_class.storage not in backend.attention.supported_storage:
             raise ConfigError(f"attention={config.attention} cannot read kv_store={config.kv_store} pages "
                               f"({kv_class.storage}); it reads: {', '.join(backend.attention.supported_storage)}")
+        self.model_config = ModelConfig.from_folder(folder)
+        reader = CheckpointReader(folder, self.model_config, self.device, self.dtype)
+
         self.model = Qwen3Model.build(self.model_config, reader.tensor, backend, progress=progress)
         reader.close()
         self.tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
-
-        mc = self.model_config
-        self.capacity = min(config.kv_capacity, mc.max_positions)
-        geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_page_size,
-                              -(-self.capacity // config.kv_page_size), self.dtype)
-        key_norms = [layer.attention.k_norm_weight for layer in self.model.layers]
-        self.kv = kv_class(geometry, self.device, key_norm_weights=key_norms)
-        params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
+        self.kv = self._build_kv(kv_class)
         self.sampler = self.registry.get("sampler", config.sampler)(params, self.device)
         self.proposer: Proposer | None = None
         if config.proposer != "none":
@@ -110,6 +106,14 @@ class Engine:
         if config.cuda_graphs and not graphs:
             notice_no_graphs(self.device)
         self.steps = (GraphedSteps if graphs else EagerSteps)(self.model, self.kv, self._capture())
+
+    def _build_kv(self, kv_class: type) -> KVStore:
+        mc, config = self.model_config, self.config
+        self.capacity = min(config.kv_capacity, mc.max_positions)
+        geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_page_size,
+                              -(-self.capacity // config.kv_page_size), self.dtype)
+        key_norms = [layer.attention.k_norm_weight for layer in self.model.layers]
+        return kv_class(geometry, self.device, key_norm_weights=key_norms)
 
     @classmethod
     def from_config(cls, *sources: ConfigSource, overrides: Sequence[str] = (), registry: Registry | None = None,
