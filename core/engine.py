@@ -85,6 +85,9 @@ class Engine:
             ops=self.registry.get("ops", config.ops)(),
             quantize=config.quantize,
         )
+        if config.quantize not in backend.linear.supported_quantize:
+            raise ConfigError(f"linear={config.linear} does not support quantize={config.quantize}; it supports: "
+                              f"{', '.join(backend.linear.supported_quantize)}")
         kv_class = self.registry.get("kv_store", config.kv_store)
         if kv_class.storage not in backend.attention.supported_storage:
             raise ConfigError(f"attention={config.attention} cannot read kv_store={config.kv_store} pages "
@@ -154,16 +157,18 @@ class Engine:
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-                 on_text: Callable[[str], None] | None = None) -> Generation:
+                 on_text: Callable[[str], None] | None = None, ignore_eos: bool = False) -> Generation:
         """Generate from a text prompt (``chat`` wraps it in the chat template) or from token ids.
 
-        Stops at an EOS token of generation_config.json or after ``max_new_tokens`` (default: the
-        config's). ``on_text`` receives the text as it is produced.
+        Stops at an EOS token of generation_config.json (unless ``ignore_eos``, as benchmarks do)
+        or after ``max_new_tokens`` (default: the config's). ``on_text`` receives the text as it is
+        produced.
         """
         ids = self.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
         max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         self._check_prompt(ids, max_new)
         stream = StreamDecoder(self.tokenizer) if on_text and self.tokenizer else None
+        eos = () if ignore_eos else self.model_config.eos_token_ids
         out: list[int] = []
 
         def commit(tokens: list[int]) -> bool:
@@ -174,7 +179,7 @@ class Engine:
                     piece = stream.push(token)
                     if piece:
                         on_text(piece)
-                if token in self.model_config.eos_token_ids or len(out) >= max_new:
+                if token in eos or len(out) >= max_new:
                     return True
             return False
 
@@ -204,7 +209,7 @@ class Engine:
             tokens_per_step=(len(out) - 1) / steps if steps else 0.0,
             drafted_tokens=self._drafted,
             accepted_tokens=self._accepted,
-            finish_reason="eos" if out[-1] in self.model_config.eos_token_ids else "length",
+            finish_reason="eos" if out[-1] in eos else "length",
         )
         text = self.tokenizer.decode(out) if self.tokenizer else None
         return Generation(out, text, stats)

@@ -1,0 +1,160 @@
+"""Peers: what a user would run instead, on the same GPU, shapes and workloads, in the same run.
+
+- ``hf-sdpa``: Hugging Face transformers' Qwen3ForCausalLM, eager, ``attn_implementation="sdpa"``,
+  ``model.generate(do_sample=False, min_new_tokens=max_new_tokens)`` (dynamic cache);
+- ``hf-static-compile``: the same with ``cache_implementation="static"`` (sized for the
+  workload's context, as the engine's pool is) and
+  ``compile_config=CompileConfig(fullgraph=True, mode="reduce-overhead")``: transformers then
+  compiles the decode steps' forward (inductor, CUDA graphs); the prefill stays eager, as
+  transformers does it;
+- ``engine-compiled``: tileinfer's own reference model (config ``reference``, eager steps) with
+  its decode-step forward under ``torch.compile(mode="reduce-overhead", fullgraph=True)``; the
+  model's weights and the KV pages are marked static addresses so that the CUDA graphs read them
+  in place, and each step's attention is sized for the whole pool (``Step.max_context``) so that
+  one graph serves every position. Prefill stays eager.
+
+Timing, as the engine's stats do it: a transformers streamer notes when each new token reaches the
+host; the prefill is the time from the (synchronized) call to the first token of a one-token
+``generate``, decode tok/s the tokens after the first over the time from the first to the last.
+The compiled engine is timed by its own stats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from tileinfer.config import Config
+from tileinfer.interfaces import Step
+from workloads import EngineRunner, Workload, free_memory, random_prompt
+
+PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled")
+PER_CONTEXT = ("hf-static-compile", "engine-compiled")  # built (and compiled) per context; hf-sdpa once
+
+
+class HFRunner:
+    """transformers' Qwen3ForCausalLM on the checkpoint, eager SDPA or static cache + compile."""
+
+    def __init__(self, folder: Path, device: torch.device, *, static: bool, max_cache_len: int) -> None:
+        import transformers
+        from transformers import CompileConfig, GenerationConfig, Qwen3ForCausalLM
+
+        transformers.utils.logging.disable_progress_bar()
+        version = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
+        dtype = {"dtype" if version >= (4, 56) else "torch_dtype": torch.bfloat16}
+        self.device = device
+        self.model = Qwen3ForCausalLM.from_pretrained(folder, attn_implementation="sdpa", **dtype)
+        self.model = self.model.to(device).eval()
+        self.kwargs: dict = {"do_sample": False, "pad_token_id": 0}
+        if static:
+            self.kwargs.update(cache_implementation="static",
+                               compile_config=CompileConfig(fullgraph=True, mode="reduce-overhead"))
+            if hasattr(GenerationConfig(), "max_cache_len"):  # one cache size for the prefill and decode rows
+                self.kwargs["max_cache_len"] = max_cache_len
+        self.static = static
+
+    def _times(self, ids: torch.Tensor, new: int) -> list[float]:
+        """Seconds from the call to each new token's arrival on the host (transformers streams the
+        tokens as they are ready; the first ``put`` is the prompt)."""
+        from transformers.generation.streamers import BaseStreamer
+
+        arrivals: list[float] = []
+
+        class Clock(BaseStreamer):
+            def put(self, value):
+                arrivals.append(time.perf_counter())
+
+            def end(self):
+                pass
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        began = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                      min_new_tokens=new, streamer=Clock(), **self.kwargs)
+        if out.shape[1] != ids.shape[1] + new or len(arrivals) != new + 1:
+            raise RuntimeError(f"generate gave {out.shape[1] - ids.shape[1]} tokens in {len(arrivals) - 1} "
+                               f"streamed steps, not {new}")
+        return [t - began for t in arrivals[1:]]
+
+    def sample(self, workload: Workload) -> Callable[[], float]:
+        prompt = random_prompt(workload.prompt_tokens, self.model.config.vocab_size)
+        ids = torch.tensor([prompt], device=self.device)
+        if workload.kind == "prefill":
+            return lambda: self._times(ids, 1)[0] * 1e3
+        n = workload.new_tokens
+
+        def decode() -> float:
+            times = self._times(ids, n)
+            return (n - 1) / (times[-1] - times[0])
+
+        return decode
+
+    def layout(self) -> dict:
+        return {}  # BF16 weights and KV: the roofline's defaults
+
+    def close(self) -> None:
+        del self.model
+        free_memory()
+        if self.static:
+            torch._dynamo.reset()
+
+
+def _tensors(obj, depth: int = 5) -> Iterator[torch.Tensor]:
+    """Every tensor reachable from ``obj`` through lists, dicts and tileinfer objects' attributes."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth and isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item, depth - 1)
+    elif depth and isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item, depth - 1)
+    elif depth and type(obj).__module__.startswith("tileinfer") and hasattr(obj, "__dict__"):
+        for item in vars(obj).values():
+            yield from _tensors(item, depth - 1)
+
+
+class CompiledEngineRunner(EngineRunner):
+    """The engine's reference model with its decode steps' forward compiled (see the module doc)."""
+
+    def __init__(self, folder: Path, overrides: list[str], kv_capacity: int) -> None:
+        if "max_context" not in {f.name for f in dataclasses.fields(Step)}:
+            raise RuntimeError("not run: this engine's Step has no max_context, so the reference attention's "
+                               "shapes change every step and CUDA graphs would be recorded once per position")
+        if "cuda_graphs" in {f.name for f in dataclasses.fields(Config)}:
+            overrides = [*overrides, "cuda_graphs=false"]  # torch.compile captures the graphs
+        super().__init__(folder, ["reference"], overrides, kv_capacity)
+        model, kv = self.engine.model, self.engine.kv
+        for tensor in [*_tensors(model), *_tensors(kv)]:
+            torch._dynamo.mark_static_address(tensor, guard=False)
+        eager = model.forward
+        compiled = torch.compile(eager, mode="reduce-overhead", fullgraph=True)
+        capacity = kv.capacity
+
+        def forward(tokens, step, kv, *, last_only=False, capture=()):
+            if last_only or capture:  # the prefill (and captured hidden states) stay eager
+                return eager(tokens, step, kv, last_only=last_only, capture=capture)
+            return compiled(tokens, dataclasses.replace(step, max_context=capacity), kv)
+
+        model.forward = forward  # an instance attribute: this engine only
+
+    def close(self) -> None:
+        super().close()
+        torch._dynamo.reset()
+
+
+def runner(peer: str, folder: Path, device: torch.device, *, kv_capacity: int, device_override: list[str]):
+    """A runner for ``peer`` sized for ``kv_capacity`` positions (the static cache for Hugging Face)."""
+    if peer == "hf-sdpa":
+        return HFRunner(folder, device, static=False, max_cache_len=kv_capacity)
+    if peer == "hf-static-compile":
+        return HFRunner(folder, device, static=True, max_cache_len=kv_capacity)
+    if peer == "engine-compiled":
+        return CompiledEngineRunner(folder, device_override, kv_capacity)
+    raise ValueError(f"unknown peer {peer!r}; valid: {', '.join(PEERS)}")

@@ -1,0 +1,185 @@
+"""Run the benchmark matrix (shape x variant-or-peer x workload) and write its tables.
+
+    python bench/run.py [--filter SUBSTR]... [--shape NAME]... [--variant NAME]... [--workload NAME]...
+                        [--seconds S] [--model DIR] [--out DIR] [--peers | --no-peers]
+
+Each row is warmed up by a short run of its prompt (8 new tokens), then measured until S seconds
+are spent (at least once), median. The limits are measured first, in the same run: the device
+copy bandwidth and the BF16 matmul peak (bench/limits.py). Decode rows are also given as a
+fraction of their roofline (weights + KV read per step over that bandwidth), prefill rows as
+TFLOP/s and a fraction of that peak (bench/roofline.py). A variant whose config does not load is
+skipped with the reason; a row that fails (out of memory, a peer that does not compile) is
+recorded with the reason instead of a number. Writes results.json (merged with one already there:
+rows of the same shape/variant/peer/workload are replaced), results.md and, with matplotlib,
+results.png under --out, and prints the tables of this run. Without a GPU the workloads shrink
+to the CPU sizes (prompts 32x shorter, 8 new tokens) and the default shape is tiny.
+
+Examples:
+    python bench/run.py --seconds 0 --no-peers --shape Qwen3-4B      # the variants at one shape
+    python bench/run.py --variant hf-sdpa --variant default --filter ctx1024
+    python bench/run.py --model /path/to/Qwen3-0.6B --variant default --variant int8
+    python bench/run.py --shape tiny --variant reference --variant ngram --seconds 0.5 --out /tmp/b
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import limits as limits_mod  # noqa: E402
+import peers as peers_mod  # noqa: E402
+import report  # noqa: E402
+from shapes import SHAPES, write_random_checkpoint  # noqa: E402
+from tileinfer.errors import ConfigError  # noqa: E402
+from tileinfer.model_config import ModelConfig  # noqa: E402
+from variants import VARIANTS, engine_args, resolve  # noqa: E402
+from workloads import NAMES, EngineRunner, Workload, free_memory, groups, measure, workloads  # noqa: E402
+
+HERE = Path(__file__).parent
+GPU_SHAPES = ["Qwen3-0.6B", "Qwen3-4B"]
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--filter", action="append", default=[], metavar="SUBSTR",
+                   help="run only rows whose id SHAPE/NAME/WORKLOAD contains SUBSTR (repeatable: all must match), "
+                        "e.g. --filter 4B/default")
+    p.add_argument("--shape", action="append", default=[], choices=sorted(SHAPES),
+                   help=f"random-weight shape (repeatable; default {' and '.join(GPU_SHAPES)} on a GPU, tiny on a CPU)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME",
+                   help=f"a variant ({', '.join(VARIANTS)}) or a peer ({', '.join(peers_mod.PEERS)}); repeatable; "
+                        "default: every variant, and every peer with --peers")
+    p.add_argument("--workload", action="append", default=[], choices=NAMES, help="repeatable; default: all four")
+    p.add_argument("--seconds", type=float, default=1.0,
+                   help="time budget per row: repeat the measurement until S seconds are spent, take the median "
+                        "(0: one sample after the warm-up; default %(default)s)")
+    p.add_argument("--model", type=Path, help="a real checkpoint folder instead of random weights (shape from its "
+                   "config.json, named after the folder)")
+    p.add_argument("--checkpoints", type=Path, default=Path("/tmp/tileinfer-checkpoints"),
+                   help="where random-weight checkpoints are written once and reused (default %(default)s)")
+    p.add_argument("--out", type=Path, help="results folder (default bench/results/<GPU name, '-' for spaces>, "
+                   "bench/results/cpu without a GPU)")
+    p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
+                   help="also measure the peers (default: yes on a GPU, no on a CPU)")
+    p.add_argument("--short", action="store_true", help="the CPU workload sizes on a GPU too")
+    p.add_argument("--commit", help="commit to record (default: git rev-parse --short HEAD, or null)")
+    args = p.parse_args(argv)
+    unknown = [v for v in args.variant if v not in VARIANTS and v not in peers_mod.PEERS]
+    if unknown:
+        p.error(f"unknown variant {unknown[0]!r}; valid: {', '.join([*VARIANTS, *peers_mod.PEERS])}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    short = args.short or device.type == "cpu"
+    by_name = workloads(short)
+    chosen = [by_name[n] for n in (args.workload or NAMES)]
+    peers = args.peers if args.peers is not None else device.type == "cuda"
+    names = args.variant or [*VARIANTS, *(peers_mod.PEERS if peers else ())]
+    if args.model:
+        folders = {args.model.name: args.model}
+    else:
+        shapes = args.shape or (GPU_SHAPES if device.type == "cuda" else ["tiny"])
+        folders = {s: args.checkpoints / s for s in shapes}
+    rows = [(s, n, w) for s in folders for n in names for w in chosen
+            if all(f in f"{s}/{n}/{w.name}" for f in args.filter)]
+    if not rows:
+        print("nothing to run: no row matches the filters", file=sys.stderr)
+        return 2
+    if short:
+        print("notice: CPU workload sizes: " + ", ".join(f"{w.name} = {w.prompt_tokens}+{w.new_tokens} tokens"
+                                                        for w in chosen))
+    lim = limits_mod.measure(device)
+    print(f"{lim.device}: copy bandwidth {lim.copy_bandwidth / 1e12:.3g} TB/s, "
+          f"BF16 matmul {lim.matmul_peak / 1e12:.3g} TFLOP/s", flush=True)
+    env = report.environment(lim, args.commit)
+    out = args.out or HERE / "results" / ("cpu" if device.type == "cpu" else lim.device.replace(" ", "-"))
+    records: list[dict] = []
+    bar = tqdm(total=len(rows), unit="row", file=sys.stderr, dynamic_ncols=True)
+    threads = torch.get_num_threads()
+    for shape, folder in folders.items():
+        if not args.model:
+            bar.set_postfix_str(f"writing {shape} checkpoint")
+            write_random_checkpoint(shape, folder)
+        mc = ModelConfig.from_folder(folder)
+        # The tiny shape's ops are too small to split across CPU threads: more only add jitter.
+        torch.set_num_threads(1 if shape == "tiny" and device.type == "cpu" else threads)
+        for name in names:
+            mine = [w for s, n, w in rows if s == shape and n == name]
+            if mine:
+                records += run_name(shape, folder, mc, name, mine, device, args.seconds, env, bar)
+                report.write(records, out, chart=False)  # a run cut short keeps what it measured
+    torch.set_num_threads(threads)
+    bar.close()
+    written = report.write(records, out)
+    print("\n" + report.tables(records))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def run_name(shape: str, folder: Path, mc: ModelConfig, name: str, chosen: list[Workload], device: torch.device,
+             seconds: float, env: dict, bar: tqdm) -> list[dict]:
+    """Every chosen workload of one variant or peer; rows that cannot run get a note instead."""
+    is_peer = name in peers_mod.PEERS
+    base = dict(shape=shape, env=env, mc=mc, variant=None if is_peer else name, peer=name if is_peer else None)
+    extra = [f"device={device.type}"]
+    out = []
+    try:
+        spec_k = resolve(name if not is_peer else "default", extra).spec_k
+    except ConfigError as exc:
+        tqdm.write(f"skip {shape}/{name}: {exc}")
+        bar.update(len(chosen))
+        return [report.record(workload=w, note=f"skipped: {exc}", **base) for w in chosen]
+    per_context = not is_peer or name in peers_mod.PER_CONTEXT
+    for capacity, group in groups(chosen, spec_k, per_context):
+        bar.set_postfix_str(f"{shape}/{name}: loading")
+        try:
+            if is_peer:
+                runner = peers_mod.runner(name, folder, device, kv_capacity=capacity, device_override=extra)
+            else:
+                runner = EngineRunner(folder, *engine_args(name, extra), kv_capacity=capacity)
+        except Exception as exc:  # noqa: BLE001 - a row that cannot run is recorded, the run goes on
+            note = f"skipped: {exc}" if isinstance(exc, ConfigError) else failure(exc)
+            tqdm.write(f"skip {shape}/{name} ({', '.join(w.name for w in group)}): {note}")
+            out += [report.record(workload=w, note=note, kv_capacity=capacity, **base) for w in group]
+            bar.update(len(group))
+            continue
+        for w in group:
+            bar.set_postfix_str(f"{shape}/{name}/{w.name}")
+            try:
+                m = measure(runner, w, seconds)
+                out.append(report.record(workload=w, measurement=m, layout=runner.layout(), kv_capacity=capacity,
+                                          **base))
+            except Exception as exc:  # noqa: BLE001
+                note = failure(exc)
+                del exc  # its traceback holds the failed step's tensors
+                free_memory()
+                tqdm.write(f"failed {shape}/{name}/{w.name}: {note}")
+                out.append(report.record(workload=w, note=note, kv_capacity=capacity, **base))
+            bar.update(1)
+        runner.close()
+    return out
+
+
+def failure(exc: BaseException) -> str:
+    """One line: the exception's type and first line, and where it was raised."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    place = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "out of memory" + place
+    return f"{type(exc).__name__}: {first}{place}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The ablation matrix: the engine's default config, and that config with one feature switched off.
+
+Each variant is a list of config items for ``tileinfer.Engine.from_config``: a shipped config
+name (``tile-eager``, layered over configs/default.yaml) or a ``KEY=VALUE`` override. A variant is
+config only; nothing in the engine branches on its name. ``resolve`` loads one and raises
+tileinfer.errors.ConfigError when it does not load (unknown key, unregistered name); the caller
+skips that variant with the reason (and does the same for a ConfigError from the Engine, e.g.
+an attention that cannot read the chosen KV store's pages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tileinfer.config import Config, load_config
+
+VARIANTS: dict[str, list[str]] = {
+    "default": [],  # configs/default.yaml as it is
+    "reference": ["reference"],  # torch ops everywhere
+    "unfused-refattn-eager": ["unfused-refattn-eager"],  # a Triton kernel per op, reference attention
+    "unfused-eager": ["unfused-eager"],  # + paged flash attention
+    "tile-eager": ["tile-eager"],  # + fused kernels
+    "no-cuda-graphs": ["cuda_graphs=false"],
+    "no-pipelining": ["pipelined=false"],
+    "cublas-linears": ["linear=reference"],  # torch (cuBLAS) linears instead of the default's
+    "int8": ["quantize=int8"],  # weight-only INT8
+    "int8-kv": ["kv_store=paged_int8"],  # INT8 KV cache
+    "ngram": ["proposer=ngram"],  # n-gram speculative decoding
+}
+QUANTIZED = ("int8", "int8-kv")  # the variants the summary table lists next to the default
+
+
+def split(items: list[str]) -> tuple[list[str], list[str]]:
+    """(sources, overrides) of a variant's items: ``KEY=VALUE`` strings are overrides."""
+    return [i for i in items if "=" not in i], [i for i in items if "=" in i]
+
+
+def engine_args(name: str, extra: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """``(sources, overrides)`` for ``Engine.from_config(*sources, overrides=overrides)``: the
+    variant's items, then ``extra`` overrides of the harness (device, kv_capacity)."""
+    sources, overrides = split(VARIANTS[name])
+    return sources, [*overrides, *extra]
+
+
+def resolve(name: str, extra: Sequence[str] = ()) -> Config:
+    """The variant's resolved config; ConfigError when it does not load."""
+    sources, overrides = engine_args(name, extra)
+    return load_config(sources, overrides)

@@ -1,0 +1,138 @@
+"""The workloads, and how one engine variant is measured on one.
+
+- ``prefill1024``: one synchronized prefill of a 1,024-token random prompt (prompt in, first
+  token out): ``engine.generate(prompt, max_new_tokens=1).stats.prefill_ms``, in ms;
+- ``decode128_ctxN``: 128 greedy tokens after an ``N``-token random prompt (``N`` cached
+  positions): ``engine.generate(...).stats.decode_tok_s``, tokens after the first over the time
+  from the first to the last, in tok/s.
+
+Each measurement is warmed up by a short run of the same prompt (8 new tokens: kernel compilation,
+CUDA graph capture), then repeated until ``seconds`` are spent (at least once); the value is the
+median. ``short=True`` gives the CPU sizes: the same names, prompts 32x shorter and 8 new tokens.
+EOS is ignored so that every run decodes the full count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import tileinfer
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompt_tokens: int
+    new_tokens: int  # 1 for a prefill
+
+    @property
+    def kind(self) -> str:
+        return "prefill" if self.name.startswith("prefill") else "decode"
+
+    @property
+    def unit(self) -> str:
+        return "ms" if self.kind == "prefill" else "tok/s"
+
+    def positions(self, spec_k: int = 0) -> int:
+        """KV positions a run needs: prompt, new tokens and a speculative draft."""
+        return self.prompt_tokens + self.new_tokens + spec_k
+
+
+WARMUP_TOKENS = 8
+NAMES = ("prefill1024", "decode128_ctx1024", "decode128_ctx8192", "decode128_ctx32768")
+
+
+def workloads(short: bool = False) -> dict[str, Workload]:
+    """Every workload by name, at full size or (``short``) at the CPU smoke sizes."""
+    full = {"prefill1024": (1024, 1), "decode128_ctx1024": (1024, 128), "decode128_ctx8192": (8192, 128),
+            "decode128_ctx32768": (32768, 128)}
+    return {name: Workload(name, p // 32 if short else p, min(n, 8) if short else n) for name, (p, n) in full.items()}
+
+
+def groups(chosen: list[Workload], spec_k: int, per_context: bool = True) -> list[tuple[int, list[Workload]]]:
+    """Workloads that share one runner, and the KV capacity it is built with: one runner per
+    prompt length, sized to that context (``per_context``), or one for all, sized to the longest."""
+    if not per_context:
+        return [(max(w.positions(spec_k) for w in chosen), list(chosen))]
+    lengths = sorted({w.prompt_tokens for w in chosen})
+    return [(max(w.positions(spec_k) for w in chosen if w.prompt_tokens == n),
+             [w for w in chosen if w.prompt_tokens == n]) for n in lengths]
+
+
+def random_prompt(length: int, vocab: int, seed: int = 0) -> list[int]:
+    return torch.randint(0, vocab, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@dataclass
+class Measurement:
+    value: float  # median of the samples
+    unit: str
+    samples: list[float]
+
+
+def repeat(sample: Callable[[], float], seconds: float) -> list[float]:
+    """``sample()`` once, then again until ``seconds`` have passed since the first began."""
+    began = time.perf_counter()
+    samples = [sample()]
+    while time.perf_counter() - began < seconds:
+        samples.append(sample())
+    return samples
+
+
+def warm_up(runner, workload: Workload) -> None:
+    """One short run of the workload (its prompt, at most WARMUP_TOKENS new tokens): compiles the
+    kernels, captures the graphs, so that the samples time none of it."""
+    runner.sample(dataclasses.replace(workload, new_tokens=min(WARMUP_TOKENS, workload.new_tokens)))()
+
+
+def measure(runner, workload: Workload, seconds: float) -> Measurement:
+    """Warm up, then sample until ``seconds`` are spent; the median. ``runner`` has
+    ``sample(workload) -> (() -> float)``."""
+    warm_up(runner, workload)
+    samples = repeat(runner.sample(workload), seconds)
+    return Measurement(statistics.median(samples), workload.unit, samples)
+
+
+class EngineRunner:
+    """One variant's engine on one checkpoint, sized for one KV capacity.
+
+    ``kv_capacity`` is set per workload (prompt + new tokens + spec_k): a decode step replayed
+    from a CUDA graph sizes its attention for the whole pool, so a pool much larger than the
+    context would slow the short-context rows down.
+    """
+
+    def __init__(self, folder: Path, sources: list[str], overrides: list[str], kv_capacity: int) -> None:
+        self.engine = tileinfer.Engine.from_config(
+            *sources, model=str(folder), overrides=[*overrides, f"kv_capacity={kv_capacity}"], progress=False)
+        self.kv_capacity = kv_capacity
+
+    def sample(self, workload: Workload) -> Callable[[], float]:
+        engine = self.engine
+        prompt = random_prompt(workload.prompt_tokens, engine.model_config.vocab_size)
+        if workload.kind == "prefill":
+            return lambda: engine.generate(prompt, max_new_tokens=1, ignore_eos=True).stats.prefill_ms
+        # Benchmarks decode the full count: a random prompt on a real model may reach an EOS early.
+        return lambda: engine.generate(prompt, max_new_tokens=workload.new_tokens, ignore_eos=True).stats.decode_tok_s
+
+    def layout(self) -> dict:
+        """What sets the roofline's bytes: weight quantization, KV page format, dtype size."""
+        return {"quantize": self.engine.config.quantize, "storage": self.engine.kv.storage,
+                "dtype_bytes": self.engine.dtype.itemsize}
+
+    def close(self) -> None:
+        del self.engine
+        free_memory()
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
