@@ -22,24 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from shapes import kv_bytes_per_position, weight_bytes, write_random_checkpoint  # noqa: E402
+from limits import copy_bandwidth  # noqa: E402
 
 import tileinfer  # noqa: E402
-
-
-def copy_bandwidth(gib: float = 2.0, repeats: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second (median)."""
-    n = int(gib * 2**30) // 2
-    src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * src.numel() * 2 / statistics.median(times[3:])
 
 
 def main() -> None:
@@ -56,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
 
     folder = write_random_checkpoint(args.shape, args.checkpoints / args.shape)
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     context = args.prompt + args.new / 2
     step_bytes = weight_bytes(args.shape) + kv_bytes_per_position(args.shape) * context
     roofline_tok_s = bandwidth / step_bytes

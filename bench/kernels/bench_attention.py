@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from limits import copy_bandwidth  # noqa: E402
 
 SHAPE = dict(heads=32, kv_heads=8, head_dim=128, page_size=64)  # Qwen3-4B
 CONTEXTS = (1024, 8192, 32768)
@@ -45,23 +47,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=20, help="do_bench warm-up time per case, ms")
     parser.add_argument("--peak-tflops", type=float, default=800.0, help="bf16 dense matmul peak for the fraction")
     return parser.parse_args(argv)
-
-
-def copy_bandwidth(gib: float = 2.0, repeats: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second (median)."""
-    n = int(gib * 2**30) // 2
-    src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * n * 2 / statistics.median(times[3:])
 
 
 def make_cache(length: int, t: int, seed: int):
@@ -147,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         return do_bench(graph_replay(fn), warmup=args.warmup, rep=args.rep, return_mode="median") * 1e-3
 
     t_start = time.perf_counter()
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     h, hkv, d = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"]
     scale = d ** -0.5
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")

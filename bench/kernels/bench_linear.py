@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shapes import SHAPES  # noqa: E402
+from limits import copy_bandwidth  # noqa: E402
 
 ROTATION_BYTES = 256 * 2**20  # > 4x the H200's 60 MB L2
 DEFAULT_TOKENS = (1, 4, 16, 1024)
@@ -77,17 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"unknown model {m!r}; valid: {', '.join(SHAPES)}")
     args.tokens = [int(t) for t in args.tokens.split(",") if t]
     return args
-
-
-def copy_bandwidth(gib: float = 2.0) -> float:
-    """Device-to-device copy, bytes read + written per second (do_bench median)."""
-    import triton.testing
-
-    src = torch.randn(int(gib * 2**30) // 2, dtype=torch.bfloat16, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    del src, dst
-    return 2 * gib * 2**30 / (ms * 1e-3)
 
 
 def rotating(fn, weights):
@@ -156,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     torch.manual_seed(0)
     sms = num_sms(torch.cuda.current_device())
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy bandwidth {bandwidth / 1e12:.2f} TB/s "
           f"(read + write), torch {torch.__version__}, triton {triton.__version__}", flush=True)
 

@@ -5,7 +5,6 @@ that reads a step's position from the host instead of the device gives wrong tok
 from __future__ import annotations
 
 import pytest
-import torch
 
 import tileinfer
 from conftest import DEVICE
