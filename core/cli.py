@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text from a prompt",
                          description="Generate from a prompt with the model and implementations the config names.")
-    gen.add_argument("--model", metavar="DIR", help="Hugging Face Qwen3 checkpoint folder (config key model)")
+    gen.add_argument("--model", metavar="DIR", help="Hugging Face Qwen3 checkpoint folder (config key model; default: the shipped "
+                     "models/target once it is built)")
     source = gen.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", help="prompt text ('-' reads standard input)")
     source.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, e.g. 1,2,3")

@@ -51,6 +51,12 @@ class Generation:
         return {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
 
 
+def shipped_model() -> Path | None:
+    """The small model trained for tileinfer (models/target beside the package's sources), if present."""
+    folder = Path(__file__).resolve().parents[1] / "models" / "target"
+    return folder if (folder / "config.json").is_file() else None
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -71,9 +77,10 @@ class Engine:
         self.registry = registry or build_registry()
         check_names(config, self.registry)
         self.config = config
-        if not config.model:
-            raise ConfigError("no model given: pass --model DIR or model=DIR (a Hugging Face Qwen3 checkpoint folder)")
-        folder = Path(config.model)
+        folder = Path(config.model) if config.model else shipped_model()
+        if folder is None:
+            raise ConfigError("no model given: pass --model DIR or model=DIR (a Hugging Face Qwen3 checkpoint "
+                              "folder); the shipped model models/target is not built yet (models/README.md)")
         if not folder.is_dir():
             raise ConfigError(f"model folder not found: {folder}")
         self.device = resolve_device(config.device)

@@ -154,3 +154,12 @@ def test_text_prompt_without_a_tokenizer(copy_of):
     with pytest.raises(UsageError, match="no tokenizer.json"):
         engine.generate("hello")
     assert engine.generate([1, 2, 3], max_new_tokens=2).text is None
+
+
+def test_no_model_and_no_shipped_model():
+    from tileinfer.engine import shipped_model
+
+    if shipped_model() is not None:
+        pytest.skip("the shipped model is there: it is the default")
+    with pytest.raises(ConfigError, match="no model given.*models/target is not built yet"):
+        tileinfer.Engine.from_config(overrides=BASE, progress=False)
