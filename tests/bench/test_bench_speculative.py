@@ -1,0 +1,94 @@
+"""bench/speculative.py on a tiny random checkpoint (CPU, reference config, a few seconds): both
+proposers run on every benchmark prompt, the n-gram tokens equal the plain greedy ones, and the
+JSON record holds finite positive figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_script():
+    name = "tileinfer_bench_speculative"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "speculative.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+speculative = load_script()
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def record(checkpoint_factory, tmp_path_factory):
+    folder = checkpoint_factory(max_positions=512)
+    out = tmp_path_factory.mktemp("speculative") / "result.json"
+    status = speculative.main(["--model", str(folder), "--device", "cpu", "--config", "reference",
+                               "--override", "dtype=float32", "--max-tokens", "200", "--new-tokens", "8",
+                               "--repeats", "2", "--out", str(out)])
+    return status, json.loads(out.read_text())
+
+
+def test_both_proposers_run_on_every_prompt(record):
+    status, result = record
+    assert status == 0 and result["failures"] == []
+    assert [(r["task"], r["file"]) for r in result["prompts"]] == [
+        (task, file) for file, _, _ in speculative.prompts_mod.BENCHMARK for task in ("edit", "open")]
+    assert result["config"]["none"]["proposer"] == "none" and result["config"]["ngram"]["proposer"] == "ngram"
+    assert all(c["linear"] == "reference" and c["dtype"] == "float32" for c in result["config"].values())
+    assert result["device"] == "cpu" and result["torch"] and result["date"]
+
+
+def test_ngram_keeps_the_greedy_tokens_and_figures_are_sane(record):
+    _, result = record
+    for row in result["prompts"]:
+        plain, ngram = row["none"], row["ngram"]
+        assert row["match"] and row["first_difference"] is None
+        assert ngram["token_ids"] == plain["token_ids"] and 1 <= len(plain["token_ids"]) <= 8
+        assert 0 < row["prompt_tokens"] <= 200
+        assert plain["drafted_tokens"] == 0 and plain["acceptance"] is None
+        assert 0 <= ngram["accepted_tokens"] <= ngram["drafted_tokens"]
+        for run in (plain, ngram):
+            assert run["new_tokens"] == len(run["token_ids"]) and positive(run["prefill_ms"])
+            assert len(run["decode_tok_s_runs"]) == 2
+            if run["new_tokens"] > 1:
+                assert positive(run["decode_tok_s"]) and positive(run["steps"]) and run["tokens_per_step"] >= 1
+        if plain["new_tokens"] > 1:
+            assert positive(row["speedup"])
+    assert set(result["summary"]) == {"edit", "open"}
+
+
+def test_a_difference_is_a_failure_and_exit_status_1(checkpoint_factory, tmp_path, monkeypatch, capsys):
+    assert speculative.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert speculative.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert speculative.first_difference([1, 2], [1, 2, 3]) == 2
+    run = speculative.run
+
+    def broken(engine, *args):  # as if speculation changed the last greedy token
+        result = run(engine, *args)
+        if engine.proposer is not None:
+            result["token_ids"] = [*result["token_ids"][:-1], result["token_ids"][-1] + 1]
+        return result
+
+    monkeypatch.setattr(speculative, "run", broken)
+    out = tmp_path / "result.json"
+    status = speculative.main(["--model", str(checkpoint_factory(max_positions=512)), "--device", "cpu",
+                               "--config", "reference", "--max-tokens", "200", "--new-tokens", "3", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert status == 1 and len(result["failures"]) == len(result["prompts"]) == 6
+    assert not any(r["match"] for r in result["prompts"])
+    captured = capsys.readouterr()
+    assert "FAILURE: edit asyncio_runners.py.txt" in captured.err and "plain tok/s" in captured.out
