@@ -69,9 +69,9 @@ def measure(folder: Path, sources: list[str], args) -> dict:
     load_s = time.perf_counter() - t0
     vocab = engine.model_config.vocab_size
     prompt = torch.randint(0, vocab, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-    engine.generate(prompt, max_new_tokens=8)  # warm-up: compiles the kernels
+    engine.generate(prompt, max_new_tokens=8, ignore_eos=True)  # warm-up: compiles the kernels
     prefill = statistics.median(engine.generate(prompt, max_new_tokens=1).stats.prefill_ms for _ in range(args.runs))
-    runs = [engine.generate(prompt, max_new_tokens=args.new).stats for _ in range(args.runs)]
+    runs = [engine.generate(prompt, max_new_tokens=args.new, ignore_eos=True).stats for _ in range(args.runs)]
     decode = statistics.median(s.decode_tok_s for s in runs)
     del engine
     torch.cuda.empty_cache()

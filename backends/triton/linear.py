@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from tileinfer.backends.triton.swiglu import _silu_mul
 
 GEMV_MAX_TOKENS = 16  # T <= 16: GEMV path; T > 16: GEMM path
@@ -158,50 +160,69 @@ def _round_to(acc, dtype: tl.constexpr):
 
 
 @triton.jit
+def _load_w(w_ptrs, k0, offs_k, K, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(w_ptrs + k0, eviction_policy="evict_first")
+    return tl.load(w_ptrs + k0, mask=(offs_k < K - k0)[None, :], other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    if USE_DOT:
+        if EVEN_K:
+            return tl.load(x_ptrs + k0, mask=t_mask[:, None], other=0.0, eviction_policy="evict_last")
+        return tl.load(x_ptrs + k0, mask=t_mask[:, None] & (offs_k < K - k0)[None, :], other=0.0,
+                       eviction_policy="evict_last")
+    if EVEN_K:
+        return tl.load(x_ptrs + k0, eviction_policy="evict_last")
+    return tl.load(x_ptrs + k0, mask=offs_k < K - k0, other=0.0, eviction_policy="evict_last")
+
+
+@triton.jit
+def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
+    if USE_DOT:
+        if DOT_F32:
+            w = w.to(tl.float32)
+            x = x.to(tl.float32)
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    return acc + w.to(tl.float32) * x.to(tl.float32)[None, :]
+
+
+@triton.jit
 def _gemv_rows(
     x_ptr, w_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi): [BLOCK_T, BLOCK_N]
-    (tl.dot path) or [BLOCK_N] (T = 1 path). ``rows`` must be valid row indices (no row mask)."""
+    """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi) (never empty):
+    [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1 path). ``rows`` must be valid row
+    indices (no row mask). The first chunk is peeled: its weight load is issued before the grid
+    dependency wait (``PDL``), so it overlaps the tail of the kernel before; the activations, which
+    that kernel may have written, are read after it. The order of the sums is the same either way."""
     offs_k = tl.arange(0, BLOCK_K)
+    offs_t = tl.arange(0, BLOCK_T)
+    t_mask = offs_t < T
     w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     if USE_DOT:
-        offs_t = tl.arange(0, BLOCK_T)
-        t_mask = offs_t < T
         x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-        for kb in range(kb_lo, kb_hi):
-            k0 = kb * BLOCK_K
-            if EVEN_K:
-                w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
-                x = tl.load(x_ptrs + k0, mask=t_mask[:, None], other=0.0, eviction_policy="evict_last")
-            else:
-                k_mask = offs_k < K - k0
-                w = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0.0, eviction_policy="evict_first")
-                x = tl.load(x_ptrs + k0, mask=t_mask[:, None] & k_mask[None, :], other=0.0,
-                            eviction_policy="evict_last")
-            if DOT_F32:
-                w = w.to(tl.float32)
-                x = x.to(tl.float32)
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        return acc
     else:
         x_ptrs = x_ptr + offs_k
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for kb in range(kb_lo, kb_hi):
-            k0 = kb * BLOCK_K
-            if EVEN_K:
-                w = tl.load(w_ptrs + k0, eviction_policy="evict_first").to(tl.float32)
-                x = tl.load(x_ptrs + k0, eviction_policy="evict_last").to(tl.float32)
-            else:
-                k_mask = offs_k < K - k0
-                w = tl.load(w_ptrs + k0, mask=k_mask[None, :], other=0.0,
-                            eviction_policy="evict_first").to(tl.float32)
-                x = tl.load(x_ptrs + k0, mask=k_mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
-            acc2 += w * x[None, :]
-        return tl.sum(acc2, axis=1)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    k0 = kb_lo * BLOCK_K
+    w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
+    if PDL:
+        gdc_wait()
+    x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
+    acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
+    for kb in range(kb_lo + 1, kb_hi):
+        k0 = kb * BLOCK_K
+        w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
+        x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
+        acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
+    if USE_DOT:
+        return acc
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
@@ -210,9 +231,12 @@ def _gemv_kernel(
     stride_xt, stride_wn, stride_ys, stride_yt,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
     program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n)."""
+    if PDL:
+        gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     kb_lo = pid_k * kb_per_split
@@ -220,11 +244,11 @@ def _gemv_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
     acc = _gemv_rows(x_ptr, w_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
-                     BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K)
+                     BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL)
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
         acc_u = _gemv_rows(x_ptr, w_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
-                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K)
+                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL)
         acc = _silu_mul(_round_to(acc, out_ty), _round_to(acc_u, out_ty))
     y_ptr += pid_k.to(tl.int64) * stride_ys
     n_mask = offs_n < N
@@ -248,8 +272,11 @@ def _sum_splits(p_ptrs, mask, stride_ps, SPLIT_K: tl.constexpr):
 @triton.jit
 def _splitk_reduce_kernel(
     p_ptr, y_ptr, N, I_OFF, stride_ps, stride_pt, stride_yt,
-    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, SWIGLU: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -339,6 +366,7 @@ def linear(
     epilogue: str = "none",
     out: torch.Tensor | None = None,
     config: GemvConfig | GemmConfig | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``y = x W^T`` with float32 accumulation, and an optional fused SwiGLU epilogue.
 
@@ -355,6 +383,9 @@ def linear(
     - ``out``: optional preallocated ``[T, N or I]`` output of ``out_dtype`` with unit column
       stride. ``config``: override of the rule's tiles, for tests and tuning only (pass the same one
       to a fused and an unfused call to keep them bit-identical).
+    - ``pdl``: launch the GEMV path with programmatic dependent launch (Hopper and newer, CUDA only;
+      ignored elsewhere): the kernel lets the next one start early, and issues its first weight
+      loads before waiting for the kernel before it. Same results bit for bit.
     """
     assert epilogue in EPILOGUES, f"unknown epilogue {epilogue!r}; valid: {', '.join(EPILOGUES)}"
     assert x.dim() == 2 and w.dim() == 2, f"x must be [T, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
@@ -385,7 +416,7 @@ def linear(
     if T <= GEMV_MAX_TOKENS:
         cfg = config or gemv_config(n_w, K, T, _sms(x))
         assert isinstance(cfg, GemvConfig), "T <= 16 takes a GemvConfig"
-        _launch_gemv(x, w, out, cfg, n_out, i_off, swiglu, dot_f32)
+        _launch_gemv(x, w, out, cfg, n_out, i_off, swiglu, dot_f32, pdl and pdl_supported(x.device))
     else:
         cfg = config or gemm_config(T, n_w, K, _sms(x))
         assert isinstance(cfg, GemmConfig), "T > 16 takes a GemmConfig"
@@ -393,7 +424,16 @@ def linear(
     return out
 
 
-def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool) -> None:
+@functools.lru_cache(maxsize=None)
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: a CUDA device of compute capability 9.0 or newer, compiled
+    (not under TRITON_INTERPRET=1)."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool,
+                 pdl: bool = False) -> None:
     T, K = x.shape
     n_w = w.shape[0]
     use_dot = T > 1
@@ -402,7 +442,9 @@ def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: boo
     split = triton.cdiv(k_blocks, kb_per_split)  # no empty split
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl)
+    if pdl:
+        consts["launch_pdl"] = True
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)
         _gemv_kernel[grid](x, w, out, T, n_out, K, i_off, kb_per_split,
@@ -415,7 +457,8 @@ def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: boo
                        x.stride(0), w.stride(0), part.stride(0), part.stride(1), SWIGLU=False, **consts)
     grid = (T, triton.cdiv(n_out, REDUCE_BLOCK))
     _splitk_reduce_kernel[grid](part, out, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
-                                SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, num_warps=4)
+                                SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, num_warps=4, PDL=pdl,
+                                **({"launch_pdl": True} if pdl else {}))
 
 
 def _launch_gemm(x, w, out, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool) -> None:

@@ -66,10 +66,10 @@ def check(out: torch.Tensor, expected: torch.Tensor, tol: dict) -> None:
     torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
 
 
-def run(x, w, out_dtype, epilogue="none", config=None) -> torch.Tensor:
+def run(x, w, out_dtype, epilogue="none", config=None, pdl=False) -> torch.Tensor:
     n = w.shape[0] // 2 if epilogue == "swiglu" else w.shape[0]
     out = poisoned((x.shape[0], n), out_dtype)
-    y = linear(x, w, out_dtype=out_dtype, epilogue=epilogue, out=out, config=config)
+    y = linear(x, w, out_dtype=out_dtype, epilogue=epilogue, out=out, config=config, pdl=pdl)
     assert y is out
     return y
 
@@ -270,3 +270,53 @@ def test_gpu_swiglu_epilogue_bit_identical(name, T, out):
     if name.endswith("gate_up"):
         expected = ref.silu_mul(ref.linear(x, w, out_dtype))
         check(fused, expected, {torch.bfloat16: (3.2e-2, 3.2e-2), torch.float32: (1e-3, 1e-3)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("epilogue", ["none", "swiglu"])
+@pytest.mark.parametrize("T", [1, 4, 16])
+@pytest.mark.parametrize("name", list(QWEN3_LAYERS))
+def test_gpu_pdl_launch_bit_identical(name, T, epilogue):
+    """Programmatic dependent launch (weights prefetched before the grid dependency wait) gives
+    the plain launch's bits, also in a CUDA graph right after a kernel that writes x."""
+    N, K = QWEN3_LAYERS[name]
+    x, w = random_inputs(T, N, K, torch.bfloat16, seed_of("gpu-pdl", name, T, epilogue))
+    plain = run(x, w, torch.bfloat16, epilogue)
+    assert torch.equal(run(x, w, torch.bfloat16, epilogue, pdl=True), plain)
+    source = x.clone()
+    x.zero_()
+    n = N // 2 if epilogue == "swiglu" else N
+    out = poisoned((T, n), torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.copy_(source)  # the kernel before writes the activations the GEMV reads
+        linear(x, w, epilogue=epilogue, out=out, pdl=True)
+    x.zero_()
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, plain)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 16])
+@pytest.mark.parametrize("name", ["4B.gate_up", "4B.o_proj", "0.6B.down"])
+def test_gpu_pdl_chain_reads_the_previous_gemv_output(name, T):
+    """Two dependent GEMVs, both launched with PDL (the second may start while the first runs):
+    the second must read the first's finished output, replayed from a graph many times."""
+    N, K = QWEN3_LAYERS[name]
+    x, w = random_inputs(T, N, K, torch.bfloat16, seed_of("gpu-pdl-chain", name, T))
+    _, w2 = random_inputs(T, K, N, torch.bfloat16, seed_of("gpu-pdl-chain-2", name, T))
+    expected = run(run(x, w, torch.bfloat16), w2, torch.bfloat16)
+    mid = torch.empty((T, N), dtype=torch.bfloat16, device=DEVICE)
+    out = torch.empty((T, K), dtype=torch.bfloat16, device=DEVICE)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        linear(x, w, out=mid, pdl=True)
+        linear(mid, w2, out=out, pdl=True)
+    for _ in range(20):
+        mid.fill_(float("nan"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
