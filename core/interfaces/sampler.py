@@ -70,8 +70,15 @@ class Sampler(ABC):
         """One token per row of ``logits``; with ``return_probs`` also the rows' ``probs``."""
 
     def draw(self, probs: torch.Tensor) -> torch.Tensor:
-        """One token per row of a given distribution ``[T, V]``, with this sampler's generator."""
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        """One token per row of a given distribution ``[T, V]``, with this sampler's generator.
+
+        ``argmax(probs / E)`` with ``E ~ Exp(1)`` per entry: exactly what ``torch.multinomial(probs,
+        1)`` computes (same draws from the generator, same tokens), without its validity checks,
+        which read the device on the host (two syncs per call) and so would stall pipelined
+        decoding. ``probs`` must be a distribution (non-negative, finite, a positive sum per row).
+        """
+        noise = torch.empty_like(probs).exponential_(1, generator=self.generator)
+        return (probs / noise).argmax(-1)
 
     def uniform(self, n: int) -> torch.Tensor:
         """``n`` draws from U[0, 1) with this sampler's generator, float32 on its device."""

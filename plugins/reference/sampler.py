@@ -1,4 +1,4 @@
-"""ReferenceSampler: the sampling distribution in torch, drawn with torch.multinomial."""
+"""ReferenceSampler: the sampling distribution in torch, drawn with Sampler.draw (as torch.multinomial draws)."""
 
 from __future__ import annotations
 
