@@ -98,7 +98,10 @@ class KVStore(ABC):
             new = [self._free.pop() for _ in range(needed - len(self._pages))]
             first = len(self._pages)
             self._pages.extend(new)
-            self.block_table[first:needed] = torch.tensor(new, dtype=torch.int32)
+            # non_blocking: a plain copy from host memory waits for the device to drain (a sync per
+            # new page, which would stall pipelined decoding); CUDA stages the pageable source
+            # before the call returns, and the copy is ordered after the steps already enqueued.
+            self.block_table[first:needed].copy_(torch.tensor(new, dtype=torch.int32), non_blocking=True)
         self.length = max(self.length, length)
 
     def truncate(self, length: int) -> None:
