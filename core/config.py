@@ -46,6 +46,7 @@ class Config:
     spec_k: int = MISSING
     kv_page_size: int = MISSING
     cuda_graphs: bool = MISSING
+    pipelined: bool = MISSING
     kv_capacity: int = MISSING
     options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
