@@ -2,7 +2,9 @@
 
 Prefill runs the prompt in one step; decode runs one token per step, or, with a proposer, a
 verify step of ``1 + k`` tokens that commits the accepted drafts plus one target token and rolls
-the KV store back over the rejected ones.
+the KV store back over the rejected ones. With ``pipelined`` on a GPU and no proposer, plain
+decoding runs with the host one step behind the device (``tileinfer.decoding``); with a proposer
+it stays sequential (the host needs each verify result before it drafts), with a notice.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 import torch
 
 from tileinfer.config import Config, ConfigSource, check_names, load_config, options_for
+from tileinfer.decoding import Commit, PipelinedDecoder, pipelining_applies, prefill
 from tileinfer.errors import ConfigError, UsageError
-from tileinfer.interfaces import Draft, KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams, Step
+from tileinfer.interfaces import Draft, KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams
 from tileinfer.loading import CheckpointReader
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
@@ -32,9 +35,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 class GenerationStats:
     prompt_tokens: int
     new_tokens: int
-    prefill_ms: float  # prompt in, first token out
+    prefill_ms: float  # prompt in, first token out (pipelined: read after step 1 was enqueued)
     decode_tok_s: float  # tokens after the first, over the time from the first to the last
-    steps: int  # forward passes after the prefill
+    steps: int  # steps after the prefill whose tokens were committed (not one a pipelined run discards after an EOS)
     tokens_per_step: float  # new tokens after the first, per step
     drafted_tokens: int  # speculative tokens proposed (0 without a proposer)
     accepted_tokens: int  # of which the target kept
@@ -116,6 +119,9 @@ class Engine:
         if config.cuda_graphs and not graphs:
             notice_no_graphs(self.device)
         self.steps = (GraphedSteps if graphs else EagerSteps)(self.model, self.kv, self._capture())
+        self.pipeline: PipelinedDecoder | None = None  # None: the sequential loop of generate
+        if config.pipelined and pipelining_applies(self.device, config.proposer):
+            self.pipeline = PipelinedDecoder(self.model, self.kv, self.sampler, self.steps)
 
     def _build_kv(self, kv_class: type) -> KVStore:
         mc, config = self.model_config, self.config
@@ -193,16 +199,10 @@ class Engine:
         with torch.inference_mode():
             self.sampler.generator.manual_seed(self.config.seed)
             self.kv.reset()
+            self._drafted = self._accepted = 0
             start = time.perf_counter()
-            first, hidden = self._prefill(ids)
-            first_time = time.perf_counter()
-            if self.proposer:
-                self.proposer.start(ids + [first], hidden)
-            done = commit([first])
-            steps = self._drafted = self._accepted = 0
-            while not done:
-                done = commit(self._decode_step(ids + out, max_new - len(out)))
-                steps += 1
+            decode = self.pipeline.run if self.pipeline else self._decode_sequential
+            first_time, steps = decode(ids, max_new, commit)
             end = time.perf_counter()
         if stream and (tail := stream.flush()):
             on_text(tail)
@@ -224,12 +224,24 @@ class Engine:
     def _capture(self) -> tuple[int, ...]:
         return self.proposer.hidden_layers if self.proposer else ()
 
-    def _prefill(self, ids: list[int]) -> tuple[int, dict[int, torch.Tensor]]:
-        step = Step.at(0, len(ids), self.device)
-        self.kv.reserve(step.end)
-        tokens = torch.tensor(ids, dtype=torch.int64, device=self.device)
-        logits, hidden = self.model.forward(tokens, step, self.kv, last_only=True, capture=self._capture())
-        return int(self.sampler.sample(logits).tokens[0]), hidden
+    def _decode_sequential(self, ids: list[int], max_new: int, commit: Commit) -> tuple[float, int]:
+        """Prefill, then one step at a time, each token (or verified draft) read before the next
+        step is launched; ``commit`` as for ``PipelinedDecoder.run``. Returns the time the first
+        token was out and the number of steps after the prefill."""
+        first, hidden = prefill(self.model, self.kv, self.sampler, ids, self._capture())
+        first = int(first[0])
+        first_time = time.perf_counter()
+        out = [first]
+        if self.proposer:
+            self.proposer.start(ids + out, hidden)
+        done = commit([first])
+        steps = 0
+        while not done:
+            new = self._decode_step(ids + out, max_new - len(out))
+            out += new
+            done = commit(new)
+            steps += 1
+        return first_time, steps
 
     def _decode_step(self, sequence: list[int], remaining: int) -> list[int]:
         """One step after ``sequence`` (whose last token is not cached yet); the tokens to commit."""

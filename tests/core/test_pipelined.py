@@ -1,0 +1,259 @@
+"""Pipelined decoding: the host enqueues step t + 1 before it reads step t's token.
+
+On a CPU the engine ignores ``pipelined`` (with a notice), so the CPU tests put the loop in
+place of the sequential one by hand (``pipelined``), with eager steps and with the stand-in
+graph replay of test_steps; the GPU tests build it through the config key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import pytest
+import torch
+import yaml
+
+import tileinfer
+from conftest import DEVICE
+from test_steps import rerun_capture
+from tileinfer.cli import main
+from tileinfer.config import load_config
+from tileinfer.decoding import PipelinedDecoder, pipelining_applies
+from tileinfer.interfaces import SamplingParams
+from tileinfer.plugins.reference.sampler import ReferenceSampler
+from tileinfer.steps import EagerSteps, GraphedSteps
+
+PROMPT = [(7 * i) % 23 + 40 for i in range(13)]
+NEW = 24  # positions 13 to 36: two page boundaries (16 and 32) with kv_page_size=16
+SAMPLED = {"temperature": 0.8, "top_k": 20, "seed": 3}
+SAMPLINGS = {"greedy": {}, "sampled": SAMPLED}
+
+
+@pytest.fixture(scope="module")
+def folder(checkpoint_factory):
+    return checkpoint_factory(heads=4, kv_heads=2, head_dim=32, hidden=64, layers=2)
+
+
+def build(folder, variant: str = "reference", **keys) -> tileinfer.Engine:
+    return tileinfer.Engine.from_config(variant, model=str(folder), device=DEVICE, dtype="float32",
+                                        kv_page_size=16, progress=False, **keys)
+
+
+def pipelined(engine: tileinfer.Engine, *, replayed: bool = False) -> tileinfer.Engine:
+    """Put the pipelined loop in place (the engine does not on a CPU); ``replayed``: steps from the
+    stand-in graph capture, whose static token buffer then receives each token from the sampler."""
+    if replayed:
+        engine.steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
+    engine.pipeline = PipelinedDecoder(engine.model, engine.kv, engine.sampler, engine.steps)
+    return engine
+
+
+def with_eos(engine: tileinfer.Engine, token: int) -> tileinfer.Engine:
+    engine.model_config = dataclasses.replace(engine.model_config, eos_token_ids=(token,))
+    return engine
+
+
+def first_seen_at_or_after(tokens: list[int], index: int) -> tuple[int, int]:
+    """A token of ``tokens`` that first occurs at ``index`` or later, and where."""
+    for i in range(index, len(tokens)):
+        if tokens[i] not in tokens[:i]:
+            return tokens[i], i
+    raise AssertionError(f"every token after index {index} occurs earlier: {tokens}")
+
+
+# Stops: (EOS: "none", the first token, one first seen at index >= 5 (after the page boundary at
+# 16); max_new_tokens).
+STOPS = {
+    "length": ("none", NEW),
+    "eos": ("later", NEW),
+    "eos-first-token": ("first", NEW),
+    "eos-at-the-length": ("later", None),  # max_new_tokens ends at the EOS: no step after it
+    "one-token": ("none", 1),
+}
+
+
+def expected_run(folder, sampling: dict, stop: str) -> tuple[int | None, int, tileinfer.Generation]:
+    """The EOS and max_new_tokens of ``stop`` and the sequential generation with them."""
+    eos_kind, max_new = STOPS[stop]
+    base = build(folder, **sampling).generate(PROMPT, max_new_tokens=NEW).token_ids
+    eos, index = {"none": (None, None), "first": (base[0], 0), "later": first_seen_at_or_after(base, 5)}[eos_kind]
+    max_new = index + 1 if max_new is None else max_new
+    engine = build(folder, **sampling)
+    if eos is not None:
+        with_eos(engine, eos)
+    return eos, max_new, engine.generate(PROMPT, max_new_tokens=max_new)
+
+
+@pytest.mark.parametrize("stop", STOPS)
+@pytest.mark.parametrize("replayed", [False, True], ids=["eager", "replayed"])
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+def test_pipelined_gives_the_sequential_tokens(folder, sampling, replayed, stop):
+    eos, max_new, sequential = expected_run(folder, SAMPLINGS[sampling], stop)
+    engine = pipelined(build(folder, **SAMPLINGS[sampling]), replayed=replayed)
+    if eos is not None:
+        with_eos(engine, eos)
+    result = engine.generate(PROMPT, max_new_tokens=max_new)
+    assert result.token_ids == sequential.token_ids
+    n = len(result.token_ids)
+    assert result.stats.finish_reason == sequential.stats.finish_reason == ("length" if eos is None else "eos")
+    assert result.token_ids.count(eos) == (0 if eos is None else 1)  # the EOS once, the extra step's token never
+    assert result.stats.steps == sequential.stats.steps == n - 1  # the step after an EOS is not counted
+    assert result.stats.new_tokens == n and result.stats.tokens_per_step == (1.0 if n > 1 else 0.0)
+    if eos is not None and n < max_new:
+        # The step after the EOS cached the EOS (its input) and nothing else.
+        assert engine.kv.length == len(PROMPT) + n
+    else:
+        assert engine.kv.length == len(PROMPT) + n - 1  # the last token was fed to no step
+    again = engine.generate(PROMPT, max_new_tokens=max_new)  # the same engine, another generation
+    assert again.token_ids == result.token_ids
+
+
+def test_the_host_enqueues_the_next_step_before_it_reads_a_token(folder):
+    """The order of the loop, and each token fed to the next step straight from the sampler."""
+    base = build(folder).generate(PROMPT, max_new_tokens=NEW).token_ids
+    eos, index = first_seen_at_or_after(base, 5)
+    engine = with_eos(pipelined(build(folder)), eos)
+    decoder, events, sampled, fed = engine.pipeline, [], [], []
+    step, receive, sample, forward = decoder.step, decoder.host.receive, engine.sampler.sample, engine.steps.forward
+
+    def logged_step(token, cached):
+        events.append(("step", cached))
+        return step(token, cached)
+
+    def logged_receive(i):
+        events.append(("read", i))
+        return receive(i)
+
+    def logged_sample(logits, **kw):
+        result = sample(logits, **kw)
+        sampled.append(result.tokens)
+        return result
+
+    def logged_forward(tokens, start):
+        fed.append(tokens)
+        return forward(tokens, start)
+
+    decoder.step, decoder.host.receive = logged_step, logged_receive
+    engine.sampler.sample, engine.steps.forward = logged_sample, logged_forward
+    for max_new, n in ((NEW, index + 1), (index + 1, index + 1), (index, index)):  # EOS; EOS at the length; length
+        for log in (events, sampled, fed):
+            log.clear()
+        assert len(engine.generate(PROMPT, max_new_tokens=max_new).token_ids) == n
+        expected = []
+        for i in range(n):
+            if i + 1 < max_new:  # step i + 1 feeds token i at position len(PROMPT) + i
+                expected.append(("step", len(PROMPT) + i))
+            expected.append(("read", i))
+        assert events == expected
+        assert len(fed) == len(sampled) - 1 and all(a is b for a, b in zip(fed, sampled))  # prefill's, then each step's
+
+
+def test_draw_is_torch_multinomial_without_a_sync():
+    """Sampler.draw makes the draws torch.multinomial makes, so seeded runs reproduce earlier ones."""
+    torch.manual_seed(0)
+    sampler = ReferenceSampler(SamplingParams(temperature=1.0, seed=11), torch.device("cpu"))
+    reference = torch.Generator().manual_seed(11)
+    for rows, vocab in ((1, 7), (3, 320), (2, 5000)):
+        probs = torch.softmax(torch.randn(rows, vocab) * 3, dim=-1)
+        probs[:, : vocab // 3] = 0  # as top-k and top-p leave it
+        probs /= probs.sum(-1, keepdim=True)
+        assert sampler.draw(probs).tolist() == torch.multinomial(probs, 1, generator=reference).squeeze(1).tolist()
+    assert torch.equal(sampler.uniform(4), torch.rand(4, generator=reference))  # the generators are in step
+
+
+def test_pipelined_key_is_accepted_on_a_cpu_with_a_notice(folder, capsys):
+    if DEVICE != "cpu":
+        pytest.skip("checks the CPU notice")
+    engine = build(folder, pipelined=True)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "notice: pipelined has no effect on device cpu" in err
+    assert engine.pipeline is None
+    assert engine.generate(PROMPT, max_new_tokens=NEW).token_ids == build(folder).generate(
+        PROMPT, max_new_tokens=NEW).token_ids
+
+
+def test_with_a_proposer_decoding_is_sequential_with_a_notice(folder, capsys):
+    engine = build(folder, pipelined=True, proposer="ngram", spec_k=3)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("notice: pipelined")
+    if DEVICE == "cuda":
+        assert "proposer=ngram" in err and "decoding sequentially" in err
+    assert engine.pipeline is None
+    plain = build(folder).generate(PROMPT * 2, max_new_tokens=NEW)
+    result = engine.generate(PROMPT * 2, max_new_tokens=NEW)
+    assert result.token_ids == plain.token_ids and result.stats.drafted_tokens > 0
+
+
+def test_pipelining_applies_only_on_a_gpu_without_a_proposer(capsys):
+    """Decided from the device and the proposer alone (no GPU needed to check it)."""
+    assert pipelining_applies(torch.device("cuda"), "none") and capsys.readouterr().err == ""
+    assert not pipelining_applies(torch.device("cuda"), "ngram")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "proposer=ngram" in err and "decoding sequentially" in err
+    assert not pipelining_applies(torch.device("cpu"), "none")
+    assert "no effect on device cpu" in capsys.readouterr().err
+
+
+def test_config_has_the_key(capsys):
+    assert load_config().pipelined is False and load_config(overrides=["pipelined=true"]).pipelined is True
+    assert main(["config", "pipelined=true"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["pipelined"] is True
+
+
+# -- GPU ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def no_sync_in(decoder: PipelinedDecoder):
+    """Make any synchronizing CUDA call (``.item()``, a blocking copy, ``torch.multinomial``'s
+    checks) raise while ``decoder`` enqueues a step and its token's copy to the host."""
+    step, send = decoder.step, decoder.host.send
+
+    def strict(fn):
+        def call(*args):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return fn(*args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return call
+
+    decoder.step, decoder.host.send = strict(step), strict(send)
+    try:
+        yield
+    finally:
+        decoder.step, decoder.host.send = step, send
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("variant", ["reference", "unfused-eager", "tile-eager"])
+def test_pipelined_gives_the_eager_tokens_on_the_gpu(folder, variant, graphs, sampling):
+    keys = SAMPLINGS[sampling]
+    # Greedy: the eager steps' tokens. Sampled: those of the same steps runner decoding
+    # sequentially (a rounding difference between runners could flip a draw on a near tie).
+    reference = build(folder, variant, cuda_graphs=graphs and bool(keys), **keys)
+    base = reference.generate(PROMPT, max_new_tokens=NEW).token_ids
+    eos, index = first_seen_at_or_after(base, 5)
+    for _ in range(2):  # the second time, a fresh engine after another in the same process
+        engine = build(folder, variant, cuda_graphs=graphs, pipelined=True, **keys)
+        assert engine.pipeline is not None
+        assert isinstance(engine.steps, GraphedSteps if graphs else EagerSteps)
+        length = engine.generate(PROMPT, max_new_tokens=NEW)  # across the page boundaries 16 and 32
+        assert length.token_ids == base
+        assert length.stats.finish_reason == "length" and engine.kv.length == len(PROMPT) + NEW - 1
+        stopped = with_eos(engine, eos).generate(PROMPT, max_new_tokens=NEW)
+        assert stopped.token_ids == base[:index + 1] and stopped.stats.finish_reason == "eos"
+        assert stopped.stats.steps == index and engine.kv.length == len(PROMPT) + index + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_pipelined_step_does_not_sync_on_the_gpu(folder, graphs, sampling):
+    engine = build(folder, "tile-eager", cuda_graphs=graphs, pipelined=True, **SAMPLINGS[sampling])
+    warm = engine.generate(PROMPT, max_new_tokens=NEW)  # kernels compiled, graphs captured
+    with no_sync_in(engine.pipeline):
+        checked = engine.generate(PROMPT, max_new_tokens=NEW)  # new KV pages at 16 and 32 included
+    assert checked.token_ids == warm.token_ids
