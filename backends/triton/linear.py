@@ -161,21 +161,29 @@ def _round_to(acc, dtype: tl.constexpr):
 
 @triton.jit
 def _load_w(w_ptrs, k0, offs_k, K, EVEN_K: tl.constexpr):
+    # Every helper here returns once, at the end: the compiler would also build the code after a
+    # return inside a constexpr branch.
     if EVEN_K:
-        return tl.load(w_ptrs + k0, eviction_policy="evict_first")
-    return tl.load(w_ptrs + k0, mask=(offs_k < K - k0)[None, :], other=0.0, eviction_policy="evict_first")
+        w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs + k0, mask=(offs_k < K - k0)[None, :], other=0.0, eviction_policy="evict_first")
+    return w
 
 
 @triton.jit
 def _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
     if USE_DOT:
         if EVEN_K:
-            return tl.load(x_ptrs + k0, mask=t_mask[:, None], other=0.0, eviction_policy="evict_last")
-        return tl.load(x_ptrs + k0, mask=t_mask[:, None] & (offs_k < K - k0)[None, :], other=0.0,
-                       eviction_policy="evict_last")
-    if EVEN_K:
-        return tl.load(x_ptrs + k0, eviction_policy="evict_last")
-    return tl.load(x_ptrs + k0, mask=offs_k < K - k0, other=0.0, eviction_policy="evict_last")
+            x = tl.load(x_ptrs + k0, mask=t_mask[:, None], other=0.0, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_ptrs + k0, mask=t_mask[:, None] & (offs_k < K - k0)[None, :], other=0.0,
+                        eviction_policy="evict_last")
+    else:
+        if EVEN_K:
+            x = tl.load(x_ptrs + k0, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_ptrs + k0, mask=offs_k < K - k0, other=0.0, eviction_policy="evict_last")
+    return x
 
 
 @triton.jit
@@ -184,8 +192,10 @@ def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
         if DOT_F32:
             w = w.to(tl.float32)
             x = x.to(tl.float32)
-        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-    return acc + w.to(tl.float32) * x.to(tl.float32)[None, :]
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = acc + w.to(tl.float32) * x.to(tl.float32)[None, :]
+    return acc
 
 
 @triton.jit
@@ -220,9 +230,9 @@ def _gemv_rows(
         w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
         x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
         acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
-    if USE_DOT:
-        return acc
-    return tl.sum(acc, axis=1)
+    if not USE_DOT:
+        acc = tl.sum(acc, axis=1)
+    return acc
 
 
 @triton.jit
