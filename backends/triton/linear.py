@@ -89,7 +89,10 @@ def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> GemvConfi
     - T = 1 (CUDA cores): BLOCK_N = 4, BLOCK_K = 512, 2 warps, 1 stage. Each thread keeps four
       16-byte loads in flight per step; small programs (4 KB per step, ~40 registers) give every
       layer >= 256 programs and up to 32 resident per SM, which hides DRAM latency better than
-      bigger tiles or split-K did.
+      bigger tiles or split-K did. Layers with fewer than 16 such programs per SM (Qwen3-4B's
+      qkv, o_proj, down) take BLOCK_K = 1,024 and 4 warps: the same bytes in flight per thread,
+      twice as many threads per SM. Measured over a whole Qwen3-4B step's linears in one graph,
+      with PDL: 2.17 ms against 2.29 ms (bench/NOTES.md).
     - T = 2..16 (tl.dot, M padded to 16): BLOCK_N = 32, BLOCK_K = 128, 4 warps, 4 stages (the
       pipeliner keeps 3 steps of cp.async loads in flight).
     - BLOCK_K shrinks to next_pow2(K) for small K (never below 16).
@@ -98,6 +101,8 @@ def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> GemvConfi
     assert N >= 1 and K >= 1 and 1 <= T <= GEMV_MAX_TOKENS
     if T == 1:
         block_n, block_k, warps, stages = 4, 512, 2, 1
+        if triton.cdiv(N, block_n) < 16 * sms:
+            block_k, warps = 1024, 4
     else:
         block_n, block_k, warps, stages = 32, 128, 4, 4
     block_k = min(block_k, max(16, _next_pow2(K)))

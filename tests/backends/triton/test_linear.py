@@ -201,7 +201,8 @@ def test_gemv_config_rule(name, T):
     cfg = gemv_config(N, K, T)
     k_blocks = -(-K // cfg.block_k)
     per_split = -(-k_blocks // cfg.split_k)
-    assert K % cfg.block_k == 0  # the real shapes take the unmasked K loop
+    # the real shapes take the unmasked K loop, but T = 1 tiles of 1,024 (masked last chunk: measured faster)
+    assert K % cfg.block_k == 0 or (T == 1 and cfg.block_k == 1024)
     assert cfg.split_k >= 1 and (cfg.split_k - 1) * per_split < k_blocks  # no empty split
     row_blocks = -(-N // cfg.block_n)
     if 4 * row_blocks >= 3 * 132:
