@@ -118,6 +118,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# The seed's CUDA-graph table: per kernel set, the variants that run its decode steps eagerly,
+# replayed from graphs step by step, and replayed with the host one step behind (pipelined).
+GRAPH_WORKLOAD = "decode128_ctx1024"
+GRAPH_STEPS = ("eager", "CUDA graphs", "CUDA graphs + pipelined")
+GRAPH_TABLE = (("fused", ("tile-eager", "no-pipelining", "default")),
+               ("one kernel per op", ("unfused-eager", "no-fused-kernels-no-pipelining", "no-fused-kernels")))
+
+
 def _order(records: list[dict]) -> tuple[list[str], list[str]]:
     shapes = list(dict.fromkeys(r["shape"] for r in records))
     names = list(dict.fromkeys(r["workload"] for r in records))
@@ -151,6 +159,17 @@ def _shape_tables(shape: str, rows: list[dict], names: list[str]) -> str:
     if ablation:
         out.append("### Ablation (x: the gain of the feature switched off, default over the variant)\n\n"
                    + _table(["variant", "config", *names], ablation))
+    graph_rows = []
+    for kernels, chain in GRAPH_TABLE:
+        previous = None
+        for step, variant in zip(GRAPH_STEPS, chain):
+            row = index.get((variant, None, GRAPH_WORKLOAD))
+            if row is not None and row.get("value") is not None:
+                graph_rows.append([kernels, step, variant, _cell(row), _ratio(row, previous).strip() if previous else ""])
+                previous = row
+    if graph_rows:
+        out.append(f"### CUDA graphs ({GRAPH_WORKLOAD}; gain: over the row above)\n\n"
+                   + _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows))
     if peers:
         rows = [[p, *(_cell(index.get((None, p, n)), fraction=False) + _ratio(default(n), index.get((None, p, n)))
                       for n in names)] for p in peers]

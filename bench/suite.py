@@ -226,3 +226,19 @@ def test_run_py_end_to_end(tmp_path, capsys):
     for r in rows:
         report.check(r)
     assert "Ablation" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_cuda_graph_table_gives_each_rows_gain():
+    """The seed's three-row CUDA-graph table, from the ablation rows (made-up values)."""
+    def row(variant: str, value: float) -> dict:
+        return {"shape": "S", "variant": variant, "peer": None, "workload": report.GRAPH_WORKLOAD, "value": value,
+                "unit": "tok/s", "roofline_fraction": value / 500, "tflops": None, "prompt_tokens": 1024,
+                "new_tokens": 128, "note": None}
+
+    rows = [row("tile-eager", 100.0), row("no-pipelining", 300.0), row("default", 450.0), row("unfused-eager", 50.0)]
+    text = report.tables(rows)
+    table = text.split("### CUDA graphs")[1]
+    assert "| fused | CUDA graphs | no-pipelining | 300 tok/s (60.0%) | x3.00 |" in table
+    assert "| fused | CUDA graphs + pipelined | default | 450 tok/s (90.0%) | x1.50 |" in table
+    assert "| one kernel per op | eager | unfused-eager | 50.0 tok/s (10.0%) |  |" in table
+    assert "no-fused-kernels" not in table  # rows not measured are left out

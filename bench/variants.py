@@ -14,17 +14,22 @@ from collections.abc import Sequence
 
 from tileinfer.config import Config, load_config
 
+FUSED_OFF = ["linear=triton", "attention=triton", "ops=triton"]  # one Triton kernel per op
+
 VARIANTS: dict[str, list[str]] = {
-    "default": [],  # configs/default.yaml as it is
-    "reference": ["reference"],  # torch ops everywhere
+    "default": [],  # configs/default.yaml as it is: fused Triton kernels, CUDA graphs, pipelined
+    "reference": ["reference"],  # torch ops everywhere, eager
     "unfused-refattn-eager": ["unfused-refattn-eager"],  # a Triton kernel per op, reference attention
     "unfused-eager": ["unfused-eager"],  # + paged flash attention
     "tile-eager": ["tile-eager"],  # + fused kernels
+    "no-fused-kernels": FUSED_OFF,  # the default with one Triton kernel per op
+    "no-fused-kernels-no-pipelining": [*FUSED_OFF, "pipelined=false"],  # the per-op CUDA-graph table's middle row
     "no-cuda-graphs": ["cuda_graphs=false"],
     "no-pipelining": ["pipelined=false"],
     "cublas-linears": ["linear=reference"],  # torch (cuBLAS) linears instead of the default's
-    "int8": ["quantize=int8"],  # weight-only INT8
-    "int8-kv": ["kv_store=paged_int8"],  # INT8 KV cache
+    # INT8 runs on the reference linear / attention only (so far): those rows switch them too.
+    "int8": ["quantize=int8", "linear=reference"],  # weight-only INT8
+    "int8-kv": ["kv_store=paged_int8", "attention=reference"],  # INT8 KV cache
     "ngram": ["proposer=ngram"],  # n-gram speculative decoding
 }
 QUANTIZED = ("int8", "int8-kv")  # the variants the summary table lists next to the default
