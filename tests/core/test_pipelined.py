@@ -55,15 +55,16 @@ def with_eos(engine: tileinfer.Engine, token: int) -> tileinfer.Engine:
 
 
 def first_seen_at_or_after(tokens: list[int], index: int) -> tuple[int, int]:
-    """A token of ``tokens`` that first occurs at ``index`` or later, and where."""
-    for i in range(index, len(tokens)):
+    """A token of ``tokens`` that first occurs at ``index`` or later but before the last, and where
+    (as an EOS, it leaves room for the step a pipelined run enqueues after it)."""
+    for i in range(index, len(tokens) - 1):
         if tokens[i] not in tokens[:i]:
             return tokens[i], i
     raise AssertionError(f"every token after index {index} occurs earlier: {tokens}")
 
 
-# Stops: (EOS: "none", the first token, one first seen at index >= 5 (after the page boundary at
-# 16); max_new_tokens).
+# Stops: which EOS ("none"; the first token; "later": a token first seen at index 5 or later, past
+# the page boundary at position 16) and max_new_tokens (None: up to the EOS).
 STOPS = {
     "length": ("none", NEW),
     "eos": ("later", NEW),
