@@ -27,6 +27,7 @@ VARIANTS: dict[str, list[str]] = {
     "no-cuda-graphs": ["cuda_graphs=false"],
     "no-pipelining": ["pipelined=false"],
     "cublas-linears": ["linear=reference"],  # torch (cuBLAS) linears instead of the default's
+    "cublas-linears-eager": ["cublas-linears"],  # tile-eager with cuBLAS linears (the seed's cuTile vs cuBLAS)
     # INT8 runs on the reference linear / attention only (so far): those rows switch them too.
     "int8": ["quantize=int8", "linear=reference"],  # weight-only INT8
     "int8-kv": ["kv_store=paged_int8", "attention=reference"],  # INT8 KV cache

@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tileinfer.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZE = ("none", "int8")
 INTERFACE_KEYS = ("linear", "attention", "kv_store", "sampler", "proposer", "ops")
 

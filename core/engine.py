@@ -9,6 +9,7 @@ it stays sequential (the host needs each verify result before it drafts), with a
 
 from __future__ import annotations
 
+import importlib.resources
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -25,7 +26,7 @@ from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
 from tileinfer.registry import Registry, build_registry
 from tileinfer.speculative import verify_greedy, verify_sampled
-from tileinfer.steps import EagerSteps, GraphedSteps, notice_no_graphs
+from tileinfer.steps import EagerSteps, GraphedSteps, notice_gpu_only
 from tileinfer.tokenizer import StreamDecoder, Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -55,9 +56,20 @@ class Generation:
 
 
 def shipped_model() -> Path | None:
-    """The small model trained for tileinfer (models/target beside the package's sources), if present."""
-    folder = Path(__file__).resolve().parents[1] / "models" / "target"
+    """The small model trained for tileinfer (``tileinfer.models``: models/target in the
+    repository, installed with the package), if present."""
+    try:
+        folder = Path(str(importlib.resources.files("tileinfer.models") / "target"))
+    except ModuleNotFoundError:  # installed without its models
+        return None
     return folder if (folder / "config.json").is_file() else None
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are emulated and slow."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,7 +99,7 @@ class Engine:
         if not folder.is_dir():
             raise ConfigError(f"model folder not found: {folder}")
         self.device = resolve_device(config.device)
-        self.dtype = DTYPES[config.dtype]
+        self.dtype = resolve_dtype(config.dtype, self.device)
         params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
         backend = Backend(
             linear=self.registry.get("linear", config.linear),
@@ -115,12 +127,14 @@ class Engine:
             context = ProposerContext(self.model, self.sampler, config, self.registry,
                                       options_for(config, config.proposer))
             self.proposer = self.registry.get("proposer", config.proposer)(context)
-        graphs = config.cuda_graphs and self.device.type == "cuda"
-        if config.cuda_graphs and not graphs:
-            notice_no_graphs(self.device)
+        cuda = self.device.type == "cuda"
+        gpu_only = [key for key in ("cuda_graphs", "pipelined") if getattr(config, key)]
+        if gpu_only and not cuda:
+            notice_gpu_only(self.device, gpu_only)
+        graphs = config.cuda_graphs and cuda
         self.steps = (GraphedSteps if graphs else EagerSteps)(self.model, self.kv, self._capture())
         self.pipeline: PipelinedDecoder | None = None  # None: the sequential loop of generate
-        if config.pipelined and pipelining_applies(self.device, config.proposer):
+        if config.pipelined and cuda and pipelining_applies(self.device, config.proposer):
             self.pipeline = PipelinedDecoder(self.model, self.kv, self.sampler, self.steps)
 
     def _build_kv(self, kv_class: type) -> KVStore:

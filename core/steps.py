@@ -109,5 +109,8 @@ class GraphedSteps:
                 f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB")
 
 
-def notice_no_graphs(device: torch.device) -> None:
-    print(f"notice: cuda_graphs has no effect on device {device.type} (CUDA graphs need a GPU)", file=sys.stderr)
+def notice_gpu_only(device: torch.device, keys: list[str]) -> None:
+    """One line for the keys set to true that need a GPU (``cuda_graphs``, ``pipelined``)."""
+    verb = "has" if len(keys) == 1 else "have"
+    print(f"notice: {' and '.join(keys)} {verb} no effect on device {device.type} (CUDA graphs and "
+          "host/GPU overlap need a GPU)", file=sys.stderr)

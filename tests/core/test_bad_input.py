@@ -11,7 +11,9 @@ import pytest
 import tileinfer
 from tileinfer.errors import CheckpointError, ConfigError, UsageError
 
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16"]
+# the reference implementations, eager: what these tests mean (the default config is the Triton engine)
+BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference", "ops=reference",
+        "cuda_graphs=false", "pipelined=false"]
 
 
 def engine_for(folder: Path, *extra: str):
@@ -156,10 +158,19 @@ def test_text_prompt_without_a_tokenizer(copy_of):
     assert engine.generate([1, 2, 3], max_new_tokens=2).text is None
 
 
-def test_no_model_and_no_shipped_model():
-    from tileinfer.engine import shipped_model
+def test_no_model_and_no_shipped_model(monkeypatch):
+    """An install without the shipped models (their folder gone) and no --model: a clear error."""
+    import tileinfer.engine
 
-    if shipped_model() is not None:
-        pytest.skip("the shipped model is there: it is the default")
+    monkeypatch.setattr(tileinfer.engine, "shipped_model", lambda: None)
     with pytest.raises(ConfigError, match="no model given.*models/target is not built yet"):
         tileinfer.Engine.from_config(overrides=BASE, progress=False)
+
+
+def test_no_model_given_uses_the_shipped_target():
+    from tileinfer.engine import shipped_model
+
+    folder = shipped_model()
+    assert folder is not None and (folder / "config.json").is_file()  # models/target is committed
+    engine = tileinfer.Engine.from_config(overrides=BASE, progress=False)
+    assert engine.model_config.num_layers == 6 and engine.model_config.vocab_size == 8192

@@ -10,7 +10,9 @@ import yaml
 import tileinfer
 from tileinfer.cli import main
 
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16"]
+# the reference implementations, eager: what these tests mean (the default config is the Triton engine)
+BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference", "ops=reference",
+        "cuda_graphs=false", "pipelined=false"]
 
 
 def run(capsys, *argv):
@@ -72,7 +74,7 @@ def test_config_merges_files_then_overrides(capsys, tmp_path):
     assert code == 0
     resolved = yaml.safe_load(out)
     assert (resolved["top_k"], resolved["seed"], resolved["proposer"], resolved["top_p"]) == (5, 9, "ngram", 0.5)
-    assert resolved["linear"] == "reference"
+    assert resolved["linear"] == "triton_fused"  # untouched keys keep default.yaml's values
 
 
 @pytest.mark.parametrize(

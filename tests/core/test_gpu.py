@@ -16,7 +16,7 @@ def test_reference_engine_on_cuda_matches_transformers(checkpoint_factory, dtype
 
     folder = checkpoint_factory(heads=8, kv_heads=2, head_dim=64, hidden=128, layers=3)
     torch_dtype = getattr(torch, dtype)
-    engine = tileinfer.Engine.from_config(model=str(folder), device="cuda", dtype=dtype, kv_page_size=16,
+    engine = tileinfer.Engine.from_config("reference", model=str(folder), device="cuda", dtype=dtype, kv_page_size=16,
                                           progress=False)
     hf = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch_dtype).cuda().eval()
     prompt = [(7 * i) % 300 for i in range(45)]

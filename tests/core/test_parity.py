@@ -89,6 +89,7 @@ def engines(references):
         if key not in cache:
             folder = references(name)[0]
             cache[key] = tileinfer.Engine.from_config(
+                "reference",
                 model=str(folder), device="cpu", dtype="float32", kv_store=kv_store, proposer=proposer,
                 kv_page_size=page, spec_k=4, progress=False)
         return cache[key]

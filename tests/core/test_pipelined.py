@@ -197,7 +197,7 @@ def test_pipelining_applies_only_on_a_gpu_without_a_proposer(capsys):
 
 
 def test_config_has_the_key(capsys):
-    assert load_config().pipelined is False and load_config(overrides=["pipelined=true"]).pipelined is True
+    assert load_config().pipelined is True and load_config(overrides=["pipelined=false"]).pipelined is False
     assert main(["config", "pipelined=true"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["pipelined"] is True
 

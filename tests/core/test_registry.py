@@ -96,7 +96,7 @@ def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, 
     tokens = json.loads(run.stdout)["token_ids"]
 
     # Each token must be the argmin of the target's logits after the tokens before it.
-    engine = tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cpu", dtype="float32", progress=False)
+    engine = tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", dtype="float32", progress=False)
     sequence = prompt + tokens
     engine.kv.reset()
     engine.kv.reserve(len(sequence))
@@ -109,5 +109,5 @@ def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, 
 
 def test_without_the_package_the_name_is_unknown(tiny_checkpoint):
     with pytest.raises(ConfigError, match="sampler=argmin"):
-        tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cpu", sampler="argmin", progress=False)
+        tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", sampler="argmin", progress=False)
 

@@ -15,7 +15,7 @@ from tileinfer.speculative import verify_greedy, verify_sampled
 
 
 def engine(folder, **kw):
-    return tileinfer.Engine.from_config(model=str(folder), device="cpu", dtype="float32", kv_page_size=16,
+    return tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32", kv_page_size=16,
                                         progress=False, **kw)
 
 

@@ -166,7 +166,7 @@ def test_model_folder(pipeline):
 
 @pytest.fixture(scope="module")
 def engine(pipeline):
-    return tileinfer.Engine.from_config(model=str(pipeline["model"]), device="cpu", dtype="float32", progress=False)
+    return tileinfer.Engine.from_config("reference", model=str(pipeline["model"]), device="cpu", dtype="float32", progress=False)
 
 
 def code_prompt(engine) -> list[int]:

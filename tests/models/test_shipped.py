@@ -58,7 +58,7 @@ def engines():
     def get(name: str, **kw):
         key = (name, tuple(sorted(kw.items())))
         if key not in made:
-            made[key] = tileinfer.Engine.from_config(model=str(folder(name)), device="cpu", dtype="float32",
+            made[key] = tileinfer.Engine.from_config("reference", model=str(folder(name)), device="cpu", dtype="float32",
                                                      progress=False, **kw)
         return made[key]
 

@@ -37,7 +37,7 @@ OUTLIER_VALUE = 20.0
 
 
 def engine(folder, **kw):
-    return tileinfer.Engine.from_config(model=str(folder), device="cpu", dtype="float32", kv_page_size=16,
+    return tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32", kv_page_size=16,
                                         progress=False, **kw)
 
 
