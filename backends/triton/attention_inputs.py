@@ -14,6 +14,10 @@ the same helpers (:func:`_rms_norm_halves`, :func:`_rope_rotate`) as ``rms_norm`
 and stores them, with the v heads beside them (copied), at the token's page and slot. The
 normalized value is rounded to the model dtype after the weight multiply and before RoPE, as the
 chain stores it, so the fused pair equals the unfused chain bit for bit.
+
+Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): both kernels let the
+next kernel launch at their start and load the norm weight (immutable) before the grid dependency
+wait; positions, the block table, qkv and the pages are touched after it. Same bits either way.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton.kv_write import _page_slot, check_paged_write, write_kv
 from tileinfer.backends.triton.norm import (
@@ -29,18 +34,26 @@ from tileinfer.backends.triton.norm import (
     norm_launch_config,
     rms_norm,
 )
+from tileinfer.backends.triton.pdl import launch_options, use_pdl
 from tileinfer.backends.triton.rope import _rope_rotate, apply_rope, check_rope_tables
 
 
 @triton.jit
-def _norm_rope(src, heads, offs, mask, w_ptr, c, s, eps, DTYPE: tl.constexpr, D: tl.constexpr):
-    """Heads ``heads`` ``[BLOCK_H, 1]`` of the vectors at ``src + heads * D``: RMSNorm (rounded to
-    DTYPE), then RoPE by ``c``, ``s`` ``[1, BLOCK_HALF]``; returns the two rotated halves."""
+def _load_weight_halves(w_ptr, offs, D: tl.constexpr):
+    """The two halves of a ``[D]`` norm weight as float32 ``[1, BLOCK_HALF]`` tiles."""
+    wa = tl.load(w_ptr + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + D // 2 + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
+    return wa, wb
+
+
+@triton.jit
+def _norm_rope(src, heads, offs, mask, wa, wb, c, s, eps, DTYPE: tl.constexpr, D: tl.constexpr):
+    """Heads ``heads`` ``[BLOCK_H, 1]`` of the vectors at ``src + heads * D``: RMSNorm with the
+    weight halves ``wa``, ``wb`` (rounded to DTYPE), then RoPE by ``c``, ``s`` ``[1, BLOCK_HALF]``;
+    returns the two rotated halves."""
     x = src + heads * D + offs
     a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(x + D // 2, mask=mask, other=0.0).to(tl.float32)
-    wa = tl.load(w_ptr + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
-    wb = tl.load(w_ptr + D // 2 + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
     na, nb = _rms_norm_halves(a, b, wa, wb, D, eps, DTYPE)
     return _rope_rotate(na.to(tl.float32), nb.to(tl.float32), c, s, DTYPE)
 
@@ -51,15 +64,21 @@ def _q_norm_rope_kernel(
     stride_qkv_t, stride_q_t, stride_q_h, stride_cs,
     eps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < H) & (offs < D // 2)
+    wa, wb = _load_weight_halves(w_ptr, offs, D)
+    if PDL:
+        gdc_wait()  # qkv and the positions come from earlier kernels or copies
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=1.0)
     s = tl.load(sin_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=0.0)
-    ra, rb = _norm_rope(qkv_ptr + t * stride_qkv_t, heads, offs, mask, w_ptr, c, s, eps,
+    ra, rb = _norm_rope(qkv_ptr + t * stride_qkv_t, heads, offs, mask, wa, wb, c, s, eps,
                         q_ptr.dtype.element_ty, D)
     q = q_ptr + t * stride_q_t + heads * stride_q_h + offs
     tl.store(q, ra, mask=mask)
@@ -72,17 +91,22 @@ def _k_norm_rope_write_kernel(
     stride_qkv_t, stride_cs, stride_p_page, stride_p_h, stride_p_slot,
     eps,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < HKV) & (offs < D // 2)
+    wa, wb = _load_weight_halves(w_ptr, offs, D)
+    if PDL:
+        gdc_wait()  # qkv, positions, block table, pages: all after the kernel before
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=1.0)
     s = tl.load(sin_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=0.0)
     row = qkv_ptr + t * stride_qkv_t
-    ra, rb = _norm_rope(row + H * D, heads, offs, mask, w_ptr, c, s, eps, kp_ptr.dtype.element_ty, D)
+    ra, rb = _norm_rope(row + H * D, heads, offs, mask, wa, wb, c, s, eps, kp_ptr.dtype.element_ty, D)
     page, slot = _page_slot(bt_ptr, pos, PAGE_SIZE)
     dst = page * stride_p_page + heads * stride_p_h + slot * stride_p_slot + offs
     tl.store(kp_ptr + dst, ra, mask=mask)
@@ -115,10 +139,12 @@ def q_norm_rope(
     eps: float,
     *,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """One kernel: q heads of ``qkv`` ``[T, (H + 2 Hkv) * D]`` -> per-head RMSNorm (weight
     ``[D]``) -> RoPE at ``positions`` ``[T]`` int64 (``cos``/``sin``: the ``[max_positions, D/2]``
-    float32 tables) -> ``q`` ``[T, H, D]`` (``out``, new and contiguous unless given)."""
+    float32 tables) -> ``q`` ``[T, H, D]`` (``out``, new and contiguous unless given). ``pdl``:
+    programmatic dependent launch where supported (the weight is read before the wait); same bits."""
     t = _check_qkv(qkv, q_norm_weight, num_heads, num_kv_heads, head_dim)
     check_rope_tables(cos, sin, positions, t, head_dim, qkv.device)
     if out is None:
@@ -127,12 +153,13 @@ def q_norm_rope(
     if t == 0:
         return out
     block_h, block_half, num_warps = norm_launch_config(head_dim, num_heads)
+    pdl = use_pdl(pdl, qkv.device)
     _q_norm_rope_kernel[(t, triton.cdiv(num_heads, block_h))](
         qkv, q_norm_weight, cos, sin, positions, out,
         qkv.stride(0), out.stride(0), out.stride(1), cos.stride(0),
         eps,
-        H=num_heads, D=head_dim, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        num_warps=num_warps, enable_fp_fusion=False,
+        H=num_heads, D=head_dim, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
+        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
     )
     return out
 
@@ -150,10 +177,13 @@ def k_norm_rope_write(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    *,
+    pdl: bool = False,
 ) -> None:
     """One kernel: k heads of ``qkv`` -> per-head RMSNorm -> RoPE -> ``k_pages``; v heads ->
     ``v_pages`` (``[num_pages, Hkv, page_size, D]``, model dtype), at ``positions`` through
-    ``block_table`` int32 (page ``block_table[p // page_size]``, slot ``p % page_size``)."""
+    ``block_table`` int32 (page ``block_table[p // page_size]``, slot ``p % page_size``). ``pdl``:
+    as for :func:`q_norm_rope`."""
     t = _check_qkv(qkv, k_norm_weight, num_heads, num_kv_heads, head_dim)
     check_rope_tables(cos, sin, positions, t, head_dim, qkv.device)
     k_heads = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(t, num_kv_heads, head_dim)
@@ -162,13 +192,14 @@ def k_norm_rope_write(
     if t == 0:
         return
     block_h, block_half, num_warps = norm_launch_config(head_dim, num_kv_heads)
+    pdl = use_pdl(pdl, qkv.device)
     _k_norm_rope_write_kernel[(t, triton.cdiv(num_kv_heads, block_h))](
         qkv, k_norm_weight, cos, sin, positions, k_pages, v_pages, block_table,
         qkv.stride(0), cos.stride(0), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         eps,
         H=num_heads, HKV=num_kv_heads, D=head_dim, PAGE_SIZE=k_pages.shape[2],
-        BLOCK_H=block_h, BLOCK_HALF=block_half,
-        num_warps=num_warps, enable_fp_fusion=False,
+        BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
+        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
     )
 
 
@@ -186,11 +217,15 @@ def attention_inputs(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    *,
+    pdl: bool = False,
 ) -> torch.Tensor:
-    """The fused pair: writes k and v into the pages and returns q ``[T, H, D]`` (2 kernels)."""
+    """The fused pair: writes k and v into the pages and returns q ``[T, H, D]`` (2 kernels).
+    ``pdl``: programmatic dependent launch of both where supported; same bits."""
     k_norm_rope_write(qkv, k_norm_weight, cos, sin, positions, k_pages, v_pages, block_table,
-                      num_heads, num_kv_heads, head_dim, eps)
-    return q_norm_rope(qkv, q_norm_weight, cos, sin, positions, num_heads, num_kv_heads, head_dim, eps)
+                      num_heads, num_kv_heads, head_dim, eps, pdl=pdl)
+    return q_norm_rope(qkv, q_norm_weight, cos, sin, positions, num_heads, num_kv_heads, head_dim, eps,
+                       pdl=pdl)
 
 
 def attention_inputs_unfused(
@@ -207,17 +242,20 @@ def attention_inputs_unfused(
     num_kv_heads: int,
     head_dim: int,
     eps: float,
+    *,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """:func:`attention_inputs` as the chain of per-op kernels (8 launches): copy the q, k, v slices
     of ``qkv`` to contiguous tensors, ``rms_norm`` q and k heads, ``apply_rope`` to both, ``write_kv``.
-    Same outputs, bit for bit; the baseline the fused pair is measured against."""
+    Same outputs, bit for bit; the baseline the fused pair is measured against. ``pdl``: for the
+    Triton kernels of the chain (the copies are torch's, launched as usual)."""
     t = _check_qkv(qkv, q_norm_weight, num_heads, num_kv_heads, head_dim)
     d = head_dim
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     q = q.contiguous().view(t, num_heads, d)
     k = k.contiguous().view(t, num_kv_heads, d)
     v = v.contiguous().view(t, num_kv_heads, d)
-    q = apply_rope(rms_norm(q, q_norm_weight, eps), cos, sin, positions)
-    k = apply_rope(rms_norm(k, k_norm_weight, eps), cos, sin, positions)
-    write_kv(k_pages, v_pages, block_table, positions, k, v)
+    q = apply_rope(rms_norm(q, q_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
+    k = apply_rope(rms_norm(k, k_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
+    write_kv(k_pages, v_pages, block_table, positions, k, v, pdl=pdl)
     return q

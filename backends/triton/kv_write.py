@@ -7,6 +7,8 @@ next_pow2(Hkv))``), grid ``(T, cdiv(Hkv, BLOCK_H))``, as one ``[BLOCK_H, BLOCK_D
 pages are ``[num_pages, Hkv, page_size, D]`` (core/interfaces/kv_store.py). Values are copied bit
 for bit (no arithmetic, so no float32 cast: the interpreter copies bfloat16 correctly too). A slot
 written twice in one call (repeated positions) keeps one of the writes, unspecified which.
+``pdl=True``: programmatic dependent launch (backends/triton/pdl.py); the kernel waits for the one
+before at its start.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 MAX_BLOCK_H = 16
 
@@ -31,8 +36,11 @@ def _write_kv_kernel(
     stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_p_page, stride_p_h, stride_p_slot,
     HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_V: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_V: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs = tl.arange(0, BLOCK_D)
@@ -64,10 +72,11 @@ def check_paged_write(pages: torch.Tensor, block_table: torch.Tensor, positions:
 
 
 def _launch(k_pages: torch.Tensor, v_pages: torch.Tensor | None, block_table: torch.Tensor,
-            positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> None:
+            positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None, pdl: bool = False) -> None:
     t, hkv, d = k.shape
     if t == 0:
         return
+    pdl = use_pdl(pdl, k.device)
     has_v = v is not None
     block_h = min(MAX_BLOCK_H, triton.next_power_of_2(hkv))
     block_d = triton.next_power_of_2(d)
@@ -77,7 +86,7 @@ def _launch(k_pages: torch.Tensor, v_pages: torch.Tensor | None, block_table: to
         k.stride(0), k.stride(1), v_.stride(0), v_.stride(1),
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         HKV=hkv, D=d, PAGE_SIZE=k_pages.shape[2], BLOCK_H=block_h, BLOCK_D=block_d, HAS_V=has_v,
-        num_warps=4,
+        PDL=pdl, num_warps=4, **launch_options(pdl),
     )
 
 
@@ -88,17 +97,21 @@ def write_kv(
     positions: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
+    pdl: bool = False,
 ) -> None:
     """Store ``k``, ``v`` ``[T, Hkv, D]`` (model dtype; any strides, contiguous last dim) at
     ``positions`` ``[T]`` int64 into ``k_pages``/``v_pages`` ``[num_pages, Hkv, page_size, D]``
-    (same shape and dtype, contiguous) through ``block_table`` int32. One kernel for both."""
+    (same shape and dtype, contiguous) through ``block_table`` int32. One kernel for both. ``pdl``:
+    programmatic dependent launch where supported; same bits."""
     check_paged_write(k_pages, block_table, positions, k, "k")
     check_paged_write(v_pages, block_table, positions, v, "v")
     assert v_pages.shape == k_pages.shape
-    _launch(k_pages, v_pages, block_table, positions, k, v)
+    _launch(k_pages, v_pages, block_table, positions, k, v, pdl)
 
 
-def write_pages(pages: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor, x: torch.Tensor) -> None:
+def write_pages(pages: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor, x: torch.Tensor,
+                *, pdl: bool = False) -> None:
     """Store ``x`` ``[T, Hkv, D]`` at ``positions`` into ``pages`` (one tensor of :func:`write_kv`)."""
     check_paged_write(pages, block_table, positions, x)
-    _launch(pages, None, block_table, positions, x, None)
+    _launch(pages, None, block_table, positions, x, None, pdl)

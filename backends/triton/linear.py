@@ -40,6 +40,8 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tileinfer.backends.triton.pdl import launch_options, use_pdl
+from tileinfer.backends.triton.pdl import pdl_supported as pdl_supported  # re-exported for existing callers
 from tileinfer.backends.triton.swiglu import _silu_mul
 
 GEMV_MAX_TOKENS = 16  # T <= 16: GEMV path; T > 16: GEMM path
@@ -431,20 +433,12 @@ def linear(
     if T <= GEMV_MAX_TOKENS:
         cfg = config or gemv_config(n_w, K, T, _sms(x))
         assert isinstance(cfg, GemvConfig), "T <= 16 takes a GemvConfig"
-        _launch_gemv(x, w, out, cfg, n_out, i_off, swiglu, dot_f32, pdl and pdl_supported(x.device))
+        _launch_gemv(x, w, out, cfg, n_out, i_off, swiglu, dot_f32, use_pdl(pdl, x.device))
     else:
         cfg = config or gemm_config(T, n_w, K, _sms(x))
         assert isinstance(cfg, GemmConfig), "T > 16 takes a GemmConfig"
         _launch_gemm(x, w, out, cfg, n_out, i_off, swiglu, dot_f32)
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: a CUDA device of compute capability 9.0 or newer, compiled
-    (not under TRITON_INTERPRET=1)."""
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool,
@@ -457,9 +451,7 @@ def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: boo
     split = triton.cdiv(k_blocks, kb_per_split)  # no empty split
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl)
-    if pdl:
-        consts["launch_pdl"] = True
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl, **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)
         _gemv_kernel[grid](x, w, out, T, n_out, K, i_off, kb_per_split,
@@ -473,7 +465,7 @@ def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: boo
     grid = (T, triton.cdiv(n_out, REDUCE_BLOCK))
     _splitk_reduce_kernel[grid](part, out, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
                                 SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, num_warps=4, PDL=pdl,
-                                **({"launch_pdl": True} if pdl else {}))
+                                **launch_options(pdl))
 
 
 def _launch_gemm(x, w, out, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool) -> None:

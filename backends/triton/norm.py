@@ -19,6 +19,10 @@ kernel normalizes that rounded sum, so ``add_rms_norm`` equals ``rms_norm(add(x,
 both run :func:`_rms_norm_halves` on the same tiles with the same ``num_warps`` (the same
 ``tl.sum`` layout), and every launch turns floating-point contraction off (``enable_fp_fusion=False``)
 so that no kernel fuses a multiply-add that its twin does not.
+
+Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): the kernels let the
+next kernel launch at their start, load the norm weight (immutable) before the grid dependency
+wait, and everything else (activations, residual) after it. Same bits with or without.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ADD_BLOCK = 1024  # elements per program of `add`
@@ -73,16 +80,21 @@ def _rms_norm_kernel(
     stride_x_t, stride_x_h, stride_o_t, stride_o_h,
     eps,
     HEADS: tl.constexpr, N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < HEADS) & (offs < N // 2)
+    wa = tl.load(w_ptr + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + N // 2 + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()  # x may be the output of the kernel before
     x = x_ptr + t * stride_x_t + heads * stride_x_h + offs
     a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(x + N // 2, mask=mask, other=0.0).to(tl.float32)
-    wa = tl.load(w_ptr + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
-    wb = tl.load(w_ptr + N // 2 + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
     ya, yb = _rms_norm_halves(a, b, wa, wb, N, eps, out_ptr.dtype.element_ty)
     o = out_ptr + t * stride_o_t + heads * stride_o_h + offs
     tl.store(o, ya, mask=mask)
@@ -90,7 +102,10 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _add_kernel(x_ptr, r_ptr, out_ptr, n_elements, BLOCK: tl.constexpr):
+def _add_kernel(x_ptr, r_ptr, out_ptr, n_elements, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -103,14 +118,20 @@ def _row_rms_norm_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr,
     stride_x_t, stride_r_t, stride_o_t, stride_s_t,
     eps,
-    N: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    N: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
 ):
     # rms_norm of [T, H] rows (HAS_RESIDUAL False) and the fused add_rms_norm are this one kernel,
     # so the fused sum is normalized exactly as rms_norm normalizes add's output
+    if PDL:
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = offs < N // 2
     dtype = out_ptr.dtype.element_ty
+    wa = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + N // 2 + offs, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()  # x and the residual may be outputs of earlier kernels
     x = x_ptr + t * stride_x_t + offs
     a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(x + N // 2, mask=mask, other=0.0).to(tl.float32)
@@ -123,8 +144,6 @@ def _row_rms_norm_kernel(
         tl.store(s + N // 2, sb, mask=mask)
         a = sa.to(tl.float32)
         b = sb.to(tl.float32)
-    wa = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    wb = tl.load(w_ptr + N // 2 + offs, mask=mask, other=0.0).to(tl.float32)
     ya, yb = _rms_norm_halves(a, b, wa, wb, N, eps, dtype)
     o = out_ptr + t * stride_o_t + offs
     tl.store(o, ya, mask=mask)
@@ -156,17 +175,21 @@ def _check_vector_op(x: torch.Tensor, weight: torch.Tensor) -> int:
     return n
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None,
+             pdl: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` ``[T, H]`` or ``[T, heads, D]`` (any strides but a
     contiguous last dim), ``weight`` ``[last]`` in x's dtype. Returns ``out`` (new and contiguous
-    unless given), x's shape and dtype: ``weight * round(x * rsqrt(mean(x^2) + eps))``."""
+    unless given), x's shape and dtype: ``weight * round(x * rsqrt(mean(x^2) + eps))``.
+    ``pdl``: programmatic dependent launch where supported (the weight must be immutable: it is
+    read before the wait for the kernel before); same bits."""
     assert x.dim() in (2, 3), f"x must be [T, H] or [T, heads, D], got {tuple(x.shape)}"
     n = _check_vector_op(x, weight)
     out = _check_out(out, x, "out")
     if x.numel() == 0:
         return out
+    pdl = use_pdl(pdl, x.device)
     if x.dim() == 2:
-        _launch_rows(x, None, weight, out, None, eps)
+        _launch_rows(x, None, weight, out, None, eps, pdl)
         return out
     t, heads, _ = x.shape
     block_h, block_half, num_warps = norm_launch_config(n, heads)
@@ -174,14 +197,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
         x, weight, out,
         x.stride(0), x.stride(1), out.stride(0), out.stride(1),
         eps,
-        HEADS=heads, N=n, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        num_warps=num_warps, enable_fp_fusion=False,
+        HEADS=heads, N=n, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
+        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
     )
     return out
 
 
 def _launch_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
-                 sum_out: torch.Tensor | None, eps: float) -> None:
+                 sum_out: torch.Tensor | None, eps: float, pdl: bool) -> None:
     t, n = x.shape
     block_h, block_half, num_warps = norm_launch_config(n, 1)
     has_residual = residual is not None
@@ -190,14 +213,16 @@ def _launch_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
         x, r, weight, out, s,
         x.stride(0), r.stride(0), out.stride(0), s.stride(0),
         eps,
-        N=n, BLOCK_HALF=block_half, HAS_RESIDUAL=has_residual,
-        num_warps=num_warps, enable_fp_fusion=False,
+        N=n, BLOCK_HALF=block_half, HAS_RESIDUAL=has_residual, PDL=pdl,
+        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
     )
 
 
-def add(x: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def add(x: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None,
+        pdl: bool = False) -> torch.Tensor:
     """``round(x + residual)`` in the model dtype (contiguous tensors of one shape and dtype).
-    ``out`` may be ``residual`` or ``x`` (each element is read before it is written)."""
+    ``out`` may be ``residual`` or ``x`` (each element is read before it is written). ``pdl``:
+    programmatic dependent launch where supported; same bits."""
     assert x.dtype in FLOAT_DTYPES and residual.dtype == x.dtype, f"{x.dtype} + {residual.dtype}"
     assert x.shape == residual.shape and x.device == residual.device
     assert x.is_contiguous() and residual.is_contiguous(), "add takes contiguous tensors"
@@ -205,8 +230,9 @@ def add(x: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = N
     assert out.is_contiguous()
     n = x.numel()
     if n:
-        _add_kernel[(triton.cdiv(n, ADD_BLOCK),)](x, residual, out, n, BLOCK=ADD_BLOCK, num_warps=4,
-                                                 enable_fp_fusion=False)
+        pdl = use_pdl(pdl, x.device)
+        _add_kernel[(triton.cdiv(n, ADD_BLOCK),)](x, residual, out, n, BLOCK=ADD_BLOCK, PDL=pdl, num_warps=4,
+                                                 enable_fp_fusion=False, **launch_options(pdl))
     return out
 
 
@@ -218,10 +244,12 @@ def add_rms_norm(
     *,
     out: torch.Tensor | None = None,
     sum_out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One kernel: ``s = round(x + residual)``; returns ``(rms_norm(s, weight, eps), s)``, bit for
     bit ``rms_norm(add(x, residual), weight, eps)``. ``x``, ``residual`` ``[T, H]`` (contiguous last
-    dim). ``sum_out`` may be ``residual`` itself (each row is read before it is written)."""
+    dim). ``sum_out`` may be ``residual`` itself (each row is read before it is written). ``pdl``:
+    as for :func:`rms_norm`."""
     assert x.dim() == 2, f"x must be [T, H], got {tuple(x.shape)}"
     _check_vector_op(x, weight)
     assert residual.shape == x.shape and residual.dtype == x.dtype and residual.device == x.device
@@ -229,5 +257,5 @@ def add_rms_norm(
     out = _check_out(out, x, "out")
     sum_out = _check_out(sum_out, x, "sum_out")
     if x.numel():
-        _launch_rows(x, residual, weight, out, sum_out, eps)
+        _launch_rows(x, residual, weight, out, sum_out, eps, use_pdl(pdl, x.device))
     return out, sum_out

@@ -30,6 +30,11 @@ the next tile is read one iteration ahead so that Triton pipelines the K/V loads
 gathered; the softmax is online with ``exp2`` and ``log2(e)`` folded into the scale; accumulation
 is float32; ``P`` is cast to the K/V dtype for the second ``tl.dot``. Under the Triton interpreter
 bfloat16 tiles are cast to float32 after loading (the interpreter mis-computes bf16 dots).
+
+Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py), all three kernels:
+a program lets the next kernel launch and then waits for the one before, first thing (q, the
+pages, the block table and the positions may all be outputs of earlier kernels or copies).
+Every program waits, also a decode split that finds no key. Same bits either way.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 LOG2E = 1.4426950408889634
 DECODE_MAX_TOKENS = 16
@@ -159,8 +167,11 @@ def _paged_prefill_kernel(
     T, start, qk_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     kv_head = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # longest blocks first
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -204,8 +215,11 @@ def _paged_decode_kernel(
     NUM_HEADS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -246,8 +260,11 @@ def _paged_decode_kernel(
 @triton.jit
 def _paged_decode_combine_kernel(
     part_ptr, max_ptr, sum_ptr, out_ptr, stride_ot, stride_oh, num_splits,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     pid = tl.program_id(0)  # = token * NUM_HEADS + head
     tok = pid // NUM_HEADS
     head = pid % NUM_HEADS
@@ -321,7 +338,7 @@ def _prefill_config(rows: int, head_dim: int) -> dict:
 
 def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                             block_table: torch.Tensor, start: int, scale: float, *,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Causal GQA attention of ``T`` new queries over the ``L = start + T`` cached positions.
 
     ``q`` ``[T, H, D]`` (any token/head strides, D contiguous) holds the queries of positions
@@ -330,7 +347,8 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
     ``block_table[p // page_size]`` at slot ``p % page_size``. Query ``i`` sees keys
     ``0 .. start + i``; q head ``h`` reads kv head ``h // (H / Hkv)``. Scores are ``q.k * scale``,
     the softmax and ``P V`` accumulate in float32. Returns ``[T, H, D]`` in q's dtype (``out`` if
-    given). Any T; D a power of two >= 16; page_size a power of two >= 16.
+    given). Any T; D a power of two >= 16; page_size a power of two >= 16. ``pdl``: programmatic
+    dependent launch where supported; same bits.
     """
     t, h, d, hkv, page_size = _check_inputs(q, k_pages, v_pages, block_table, start, out)
     if out is None:
@@ -340,6 +358,7 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
     config = _prefill_config(rows, d)
     upcast, precision = _kernel_flags(q.dtype, q.device)
     grid = (hkv, triton.cdiv(rows, config["BLOCK_M"]))
+    pdl = use_pdl(pdl, q.device)
     _paged_prefill_kernel[grid](
         q, k_pages, v_pages, block_table, out,
         q.stride(0), q.stride(1),
@@ -347,7 +366,8 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
         v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
         out.stride(0), out.stride(1),
         t, start, scale * LOG2E,
-        GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, UPCAST=upcast, DOT_PRECISION=precision, **config,
+        GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
+        **config, **launch_options(pdl),
     )
     return out
 
@@ -375,7 +395,7 @@ def _decode_config(rows: int, head_dim: int) -> dict:
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_table: torch.Tensor, start: int, scale: float, *,
                            positions: torch.Tensor | None = None, num_splits: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Split-KV (flash-decoding) version of :func:`paged_prefill_attention` for 1..16 new tokens
     (a decode step, or the verification of speculative drafts); same contract and result.
 
@@ -387,6 +407,9 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     ``[T]`` int64 positions; made from ``start`` when not given), so that a CUDA graph captured
     once replays correctly at any start: then pass ``num_splits`` explicitly (sized for the longest
     context the graph serves), since the host ``start`` is only that of the capture.
+
+    ``pdl``: launch the split kernel and the combine with programmatic dependent launch where
+    supported; same bits.
     """
     t, h, d, hkv, page_size = _check_inputs(q, k_pages, v_pages, block_table, start, out)
     assert t <= DECODE_MAX_TOKENS, f"the decode kernel takes at most {DECODE_MAX_TOKENS} new tokens, got {t}"
@@ -407,6 +430,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         part = m_buf = l_buf = out  # unused by the kernel when SINGLE_SPLIT
     else:
         part, m_buf, l_buf = _decode_scratch(t, h, num_splits, d, q.device)
+    pdl = use_pdl(pdl, q.device)
     _paged_decode_kernel[(hkv, num_splits)](
         q, k_pages, v_pages, block_table, out, part, m_buf, l_buf,
         q.stride(0), q.stride(1),
@@ -415,13 +439,13 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         out.stride(0), out.stride(1),
         t, positions, scale * LOG2E, num_splits,
         NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, **config,
+        BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl, **config, **launch_options(pdl),
     )
     if num_splits > 1:
         _paged_decode_combine_kernel[(t * h,)](
             part, m_buf, l_buf, out, out.stride(0), out.stride(1), num_splits,
             NUM_HEADS=h, HEAD_DIM=d, BLOCK_S=triton.next_power_of_2(num_splits),
-            num_warps=4 if d >= 128 else 2,
+            PDL=pdl, num_warps=4 if d >= 128 else 2, **launch_options(pdl),
         )
     return out
 

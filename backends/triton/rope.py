@@ -7,7 +7,9 @@ once, and loads the heads as two ``[BLOCK_H, BLOCK_HALF]`` tiles: channels ``i``
 the pairs the rotation mixes. The rotation (:func:`_rope_rotate`, shared with the fused q/k kernels
 of attention_inputs.py) is elementwise, so the tile shape does not change its result; it computes
 ``(a cos - b sin, b cos + a sin)`` in float32 as separate multiplies and adds (contraction off,
-as the twin's torch ops) and rounds to x's dtype.
+as the twin's torch ops) and rounds to x's dtype. ``pdl=True``: programmatic dependent launch
+(backends/triton/pdl.py); the kernel waits for the one before at its start (everything it reads is
+gathered through the positions or may be an earlier kernel's output).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton.norm import FLOAT_DTYPES
+from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 MAX_BLOCK_H = 16
 
@@ -33,7 +37,11 @@ def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, pos_ptr, out_ptr,
     stride_x_t, stride_x_h, stride_o_t, stride_o_h, stride_cs,
     HEADS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
@@ -71,11 +79,13 @@ def apply_rope(
     positions: torch.Tensor,
     *,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Rotate ``x`` ``[T, heads, D]`` (any strides, contiguous last dim) by the angles of
     ``positions`` ``[T]`` int64, gathered in the kernel from ``cos_table``/``sin_table``
     ``[max_positions, D/2]`` float32. Channel ``i`` pairs with ``i + D/2``. Returns ``out`` (new and
-    contiguous unless given), x's shape and dtype. ``out`` may be ``x`` (in place)."""
+    contiguous unless given), x's shape and dtype. ``out`` may be ``x`` (in place). ``pdl``:
+    programmatic dependent launch where supported; same bits."""
     assert x.dim() == 3, f"x must be [T, heads, D], got {tuple(x.shape)}"
     assert x.dtype in FLOAT_DTYPES, f"x dtype {x.dtype}"
     t, heads, d = x.shape
@@ -89,10 +99,11 @@ def apply_rope(
         return out
     block_h = min(MAX_BLOCK_H, triton.next_power_of_2(heads))
     block_half = triton.next_power_of_2(d // 2)
+    pdl = use_pdl(pdl, x.device)
     _rope_kernel[(t, triton.cdiv(heads, block_h))](
         x, cos_table, sin_table, positions, out,
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_table.stride(0),
-        HEADS=heads, D=d, BLOCK_H=block_h, BLOCK_HALF=block_half,
-        num_warps=4, enable_fp_fusion=False,
+        HEADS=heads, D=d, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
+        num_warps=4, enable_fp_fusion=False, **launch_options(pdl),
     )
     return out

@@ -8,6 +8,8 @@ and applies ``_silu_mul``, the one SwiGLU arithmetic of this package (the GEMV/G
 ``linear.py`` calls the same helper on its accumulators rounded to the output dtype, which is what
 makes ``linear(x, w, epilogue="swiglu")`` bit-identical to ``silu_mul(linear(x, w))``); the result
 is rounded once, to the output dtype, at the store. Memory-bound: 3 I elements moved per row.
+``pdl=True``: programmatic dependent launch (backends/triton/pdl.py); the kernel waits for the one
+before at its start.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 BLOCK_I = 1024
 NUM_WARPS = 4
@@ -33,8 +38,11 @@ def _silu_mul(g, u):
 @triton.jit
 def _silu_mul_kernel(
     gu_ptr, y_ptr, I, stride_gu_t, stride_y_t,
-    BLOCK_I: tl.constexpr,
+    BLOCK_I: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = offs < I
@@ -45,13 +53,14 @@ def _silu_mul_kernel(
     tl.store(y_ptr + t * stride_y_t + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """SwiGLU: ``gate_up`` ``[T, 2I]`` (gate = first I columns, up = last I) -> ``silu(gate) * up``.
 
     Returns ``[T, I]`` in ``gate_up.dtype`` (float16, bfloat16 or float32), contiguous. ``gate_up``
     needs unit column stride; any row stride works (e.g. a row slice of a larger buffer).
     Arithmetic: float32, ``g / (1 + exp(-g)) * u``, one rounding at the store. ``out``, if given,
     must be a ``[T, I]`` tensor of that dtype with unit column stride; it is written and returned.
+    ``pdl``: programmatic dependent launch where supported; same bits.
     """
     assert gate_up.dim() == 2, f"gate_up must be [T, 2I], got shape {tuple(gate_up.shape)}"
     T, two_i = gate_up.shape
@@ -68,5 +77,7 @@ def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None) -> torch
     if T == 0 or I == 0:
         return out
     grid = (T, triton.cdiv(I, BLOCK_I))
-    _silu_mul_kernel[grid](gate_up, out, I, gate_up.stride(0), out.stride(0), BLOCK_I=BLOCK_I, num_warps=NUM_WARPS)
+    pdl = use_pdl(pdl, gate_up.device)
+    _silu_mul_kernel[grid](gate_up, out, I, gate_up.stride(0), out.stride(0), BLOCK_I=BLOCK_I, PDL=pdl,
+                           num_warps=NUM_WARPS, **launch_options(pdl))
     return out

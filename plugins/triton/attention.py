@@ -5,6 +5,8 @@ reference dense attention. ``TritonAttention``: the same inputs, then paged flas
 in place through the block table: the split-KV decode kernels for steps of up to 16 tokens
 (decode and speculative verify), the prefill kernel above. ``TritonFusedAttention``: the inputs in
 two kernels (q norm + RoPE; k norm + RoPE + KV write), bit-identical to the per-op chain.
+Every Triton kernel is launched with programmatic dependent launch where the weights' device
+supports it (Hopper and newer, compiled; backends/triton/pdl.py), decided once at construction.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tileinfer.backends.triton.paged_attention import (
     paged_decode_attention,
     paged_prefill_attention,
 )
+from tileinfer.backends.triton.pdl import pdl_supported
 from tileinfer.interfaces import Attention, KVStore, Step
 from tileinfer.plugins.reference.attention import ReferenceAttention, dense_attention
 from tileinfer.plugins.triton.device import kernels_run_on, notice_reference_twin
@@ -29,6 +32,7 @@ class TritonAttention(Attention):
     def __init__(self, spec, *, layer, q_norm_weight, k_norm_weight, rope) -> None:
         super().__init__(spec, layer=layer, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, rope=rope)
         self._twin = None
+        self.pdl = pdl_supported(q_norm_weight.device)
         if not kernels_run_on(q_norm_weight.device):
             notice_reference_twin(self.name)
             self._twin = ReferenceAttention(spec, layer=layer, q_norm_weight=q_norm_weight,
@@ -39,15 +43,16 @@ class TritonAttention(Attention):
         spec, pages = self.spec, kv.layer(self.layer)
         return attention_inputs_unfused(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
                                         step.positions, pages.k, pages.v, kv.block_table, spec.num_heads,
-                                        spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps)
+                                        spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps, pdl=self.pdl)
 
     def attend(self, q: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         pages = kv.layer(self.layer)
         if step.num_tokens > DECODE_MAX_TOKENS:
-            return paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale)
+            return paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale,
+                                           pdl=self.pdl)
         splits = None if step.max_context is None else decode_splits(step.max_context)
         return paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale,
-                                      positions=step.positions, num_splits=splits)
+                                      positions=step.positions, num_splits=splits, pdl=self.pdl)
 
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         if self._twin is not None:
@@ -70,4 +75,4 @@ class TritonFusedAttention(TritonAttention):
         spec, pages = self.spec, kv.layer(self.layer)
         return attention_inputs(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
                                 step.positions, pages.k, pages.v, kv.block_table, spec.num_heads,
-                                spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps)
+                                spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps, pdl=self.pdl)
