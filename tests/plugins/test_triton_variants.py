@@ -44,3 +44,19 @@ def test_fused_variant_with_speculative_verify_steps(folder, expected):
 def test_triton_attention_refuses_int8_pages(folder):
     with pytest.raises(ConfigError, match="cannot read kv_store=paged_int8"):
         run(folder, "tile-eager", kv_store="paged_int8")
+
+
+@pytest.mark.parametrize("variant", ["unfused-eager", "tile-eager"])
+def test_triton_plugins_launch_with_pdl_where_supported(folder, variant):
+    """Every Triton Linear and Attention decides programmatic dependent launch once, from its
+    weights' device: on on an H100/H200, off on the CPU (interpreter) and older GPUs."""
+    from tileinfer.backends.triton.pdl import pdl_supported
+
+    engine = tileinfer.Engine.from_config(variant, model=str(folder), device=DEVICE, dtype="float32",
+                                          kv_page_size=16, progress=False)
+    model = engine.model
+    expected = pdl_supported(model.device)
+    assert DEVICE == "cuda" or not expected
+    modules = [model.lm_head] + [m for layer in model.layers
+                                 for m in (layer.qkv, layer.attention, layer.o_proj, layer.gate_up, layer.down)]
+    assert [m.pdl for m in modules] == [expected] * len(modules)

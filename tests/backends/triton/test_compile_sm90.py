@@ -1,9 +1,15 @@
-"""The GEMV kernels compile for an H100/H200 (sm_90) on any machine, with Triton's own compiler
-(ptxas included in its wheel), no GPU needed. The interpreter that the other CPU tests use runs
-Python semantics, so code that only the compiler rejects (a constexpr branch with an early
+"""The kernels of the decode path compile for an H100/H200 (sm_90) on any machine, with Triton's
+own compiler (ptxas included in its wheel), no GPU needed. The interpreter that the other CPU tests
+use runs Python semantics, so code that only the compiler rejects (a constexpr branch with an early
 return; shapes that disagree in a branch the interpreter never takes) would otherwise first fail on
-the GPU. The PTX must hold the grid dependency instructions exactly when PDL is on. Runs in a
-subprocess: this test session imported the kernels under TRITON_INTERPRET=1."""
+the GPU. Each kernel that takes a ``PDL`` constexpr is compiled with it on and off, with the
+Qwen3-4B shapes (hidden 2,560, 32 q heads, 8 kv heads, head_dim 128, intermediate 9,728, pages of
+64): its PTX must hold the grid dependency instructions (``griddepcontrol.launch_dependents`` and
+``.wait``) exactly when PDL is on, and with PDL the wait must come before the first global store;
+the kernels that read only activations issue no global load before it, and those with a weight
+(GEMV, norms) load it before the wait.
+Each variant compiles once, spread over two worker processes. Runs in a subprocess: this test
+session imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -13,42 +19,155 @@ import subprocess
 import sys
 
 SCRIPT = r'''
-import inspect, itertools, json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from tileinfer.backends.triton import linear as L
+import concurrent.futures, importlib, inspect, itertools, json, re
 
-def compile_sm90(kernel, constexprs, ptr_type, num_warps, num_stages):
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE = 2560, 32, 8, 128, 9728, 64
+
+
+def jobs():
+    """(name, module, kernel, constexprs, argument types, num_warps, num_stages, options)."""
+    from tileinfer.backends.triton import linear as L
+    from tileinfer.backends.triton import paged_attention as P
+    from tileinfer.backends.triton.norm import ADD_BLOCK, norm_launch_config
+    from tileinfer.backends.triton.rope import MAX_BLOCK_H as ROPE_BLOCK_H
+    from tileinfer.backends.triton.kv_write import MAX_BLOCK_H as KV_BLOCK_H
+    from tileinfer.backends.triton.swiglu import BLOCK_I, NUM_WARPS as SWIGLU_WARPS
+
+    base = "tileinfer.backends.triton."
+    bf16 = "*bf16"
+    nofma = dict(enable_fp_fusion=False)
+    out = []
+    for use_dot, swiglu, pdl, even_k in itertools.product([False, True], repeat=4):
+        cfg = L.gemv_config(2560, 4096, 16 if use_dot else 1)
+        consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                      USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl)
+        out.append(("gemv", base + "linear", "_gemv_kernel", consts, {}, cfg.num_warps, cfg.num_stages, {}))
+    for swiglu, pdl in itertools.product([False, True], repeat=2):
+        consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl)
+        out.append(("reduce", base + "linear", "_splitk_reduce_kernel", consts, {"*": "*fp32"}, 4, 1, {}))
+
+    block_h, block_half, warps = norm_launch_config(HEAD_DIM, HEADS)
+    kv_block_h, _, kv_warps = norm_launch_config(HEAD_DIM, KV_HEADS)
+    _, row_half, row_warps = norm_launch_config(HIDDEN, 1)
+    eps = {"eps": "fp32"}
+    for pdl in (False, True):
+        out.append(("rms_norm_heads", base + "norm", "_rms_norm_kernel",
+                     dict(HEADS=HEADS, N=HEAD_DIM, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl),
+                     eps, warps, 3, nofma))
+        out.append(("add", base + "norm", "_add_kernel", dict(BLOCK=ADD_BLOCK, PDL=pdl), {}, 4, 3, nofma))
+        for residual in (False, True):
+            out.append(("rms_norm_rows", base + "norm", "_row_rms_norm_kernel",
+                         dict(N=HIDDEN, BLOCK_HALF=row_half, HAS_RESIDUAL=residual, PDL=pdl),
+                         eps, row_warps, 3, nofma))
+        tables = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "bt_ptr": "*i32", **eps}
+        out.append(("q_norm_rope", base + "attention_inputs", "_q_norm_rope_kernel",
+                     dict(H=HEADS, D=HEAD_DIM, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl),
+                     tables, warps, 3, nofma))
+        out.append(("k_norm_rope_write", base + "attention_inputs", "_k_norm_rope_write_kernel",
+                     dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=kv_block_h,
+                          BLOCK_HALF=block_half, PDL=pdl),
+                     tables, kv_warps, 3, nofma))
+        out.append(("rope", base + "rope", "_rope_kernel",
+                     dict(HEADS=HEADS, D=HEAD_DIM, BLOCK_H=min(ROPE_BLOCK_H, HEADS), BLOCK_HALF=HEAD_DIM // 2,
+                          PDL=pdl),
+                     tables, 4, 3, nofma))
+        out.append(("write_kv", base + "kv_write", "_write_kv_kernel",
+                     dict(HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=min(KV_BLOCK_H, KV_HEADS),
+                          BLOCK_D=HEAD_DIM, HAS_V=True, PDL=pdl),
+                     tables, 4, 3, {}))
+        out.append(("silu_mul", base + "swiglu", "_silu_mul_kernel", dict(BLOCK_I=BLOCK_I, PDL=pdl),
+                     {}, SWIGLU_WARPS, 3, {}))
+        attn = {"bt_ptr": "*i32", "pos_ptr": "*i64", "part_ptr": "*fp32", "max_ptr": "*fp32",
+                "sum_ptr": "*fp32", "qk_scale": "fp32"}
+        dcfg = P._decode_config(4, HEAD_DIM)
+        # group 4 (Qwen3-4B) with 16 splits; group 1 with a single split (the kernel writes out itself)
+        for group, single in ((4, False), (1, True)):
+            out.append((f"decode_g{group}", base + "paged_attention", "_paged_decode_kernel",
+                         dict(NUM_HEADS=KV_HEADS * group, SINGLE_SPLIT=single, GROUP=group, HEAD_DIM=HEAD_DIM,
+                              PAGE_SIZE=PAGE, BLOCK_M=16, BLOCK_N=dcfg["BLOCK_N"], UPCAST=False,
+                              DOT_PRECISION="tf32", PDL=pdl),
+                         attn, dcfg["num_warps"], dcfg["num_stages"], {}))
+        out.append(("combine", base + "paged_attention", "_paged_decode_combine_kernel",
+                     dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl),
+                     attn, 4, 3, {}))
+        pcfg = P._prefill_config(4 * 1024, HEAD_DIM)
+        out.append(("prefill_g4", base + "paged_attention", "_paged_prefill_kernel",
+                     dict(GROUP=4, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_M=pcfg["BLOCK_M"],
+                          BLOCK_N=pcfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl),
+                     attn, pcfg["num_warps"], pcfg["num_stages"], {}))
+    return out
+
+
+def compile_one(job):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    name, module, kernel_name, consts, types, num_warps, num_stages, options = job
+    kernel = getattr(importlib.import_module(module), kernel_name)
     names = list(inspect.signature(kernel.fn).parameters)
-    signature = {n: "constexpr" if n in constexprs else (ptr_type if n.endswith("_ptr") else "i32") for n in names}
-    src = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in constexprs.items()})
-    options = dict(num_warps=num_warps, num_stages=num_stages)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    missing = [c for c in consts if c not in names]
+    assert not missing, (name, missing)
+    constexpr_params = [n for i, n in enumerate(names) if i in kernel.constexprs]
+    unset = [c for c in constexpr_params if c not in consts]
+    assert not unset, (name, "constexprs not set", unset)
 
-results = []
-for use_dot, swiglu, pdl, even_k in itertools.product([False, True], repeat=4):
-    cfg = L.gemv_config(2560, 4096, 16 if use_dot else 1)
-    consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl)
-    ptx = compile_sm90(L._gemv_kernel, consts, "*bf16", cfg.num_warps, cfg.num_stages)
-    results.append(dict(kernel="gemv", consts=consts, wait="griddepcontrol.wait" in ptx,
-                        launch="griddepcontrol.launch_dependents" in ptx))
-for swiglu, pdl in itertools.product([False, True], repeat=2):
-    consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl)
-    ptx = compile_sm90(L._splitk_reduce_kernel, consts, "*fp32", 4, 1)
-    results.append(dict(kernel="reduce", consts=consts, wait="griddepcontrol.wait" in ptx,
-                        launch="griddepcontrol.launch_dependents" in ptx))
-print(json.dumps(results))
+    def type_of(n):
+        if n in consts:
+            return "constexpr"
+        if n in types:
+            return types[n]
+        return types.get("*", "*bf16") if n.endswith("_ptr") else "i32"
+
+    signature = {n: type_of(n) for n in names}
+    src = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in consts.items()})
+    opts = dict(num_warps=num_warps, num_stages=num_stages, **options)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+    body = ptx[ptx.index(".entry"):]
+    first_wait = body.find("griddepcontrol.wait")
+    first_store = re.search(r"\bst\.global", body)
+    before_wait = body[:first_wait] if first_wait >= 0 else ""
+    return dict(name=name, pdl=consts["PDL"], consts={k: str(v) for k, v in consts.items()},
+                waits=body.count("griddepcontrol.wait"),
+                launches=body.count("griddepcontrol.launch_dependents"),
+                stores=first_store is not None,
+                loads_before_wait=len(re.findall(r"\bld\.global", before_wait)),
+                wait_before_store=first_store is None or 0 <= first_wait < first_store.start())
+
+
+if __name__ == "__main__":
+    todo = jobs()
+    with concurrent.futures.ProcessPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(compile_one, todo))
+    print(json.dumps(results))
 '''
 
+# kernels that load a weight (immutable) before the grid dependency wait; the others wait first
+WEIGHT_BEFORE_WAIT = {"gemv", "rms_norm_heads", "rms_norm_rows", "q_norm_rope", "k_norm_rope_write"}
+# kernel name -> variants compiled (each with PDL on and off)
+EXPECTED = {
+    "gemv": 16, "reduce": 4, "rms_norm_heads": 2, "add": 2, "rms_norm_rows": 4, "q_norm_rope": 2,
+    "k_norm_rope_write": 2, "rope": 2, "write_kv": 2, "silu_mul": 2, "decode_g4": 2, "decode_g1": 2,
+    "combine": 2, "prefill_g4": 2,
+}
 
-def test_gemv_kernels_compile_for_sm90():
+
+def test_kernels_compile_for_sm90_with_and_without_pdl(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    script = tmp_path / "compile_sm90.py"  # a file, so that the worker processes can import it
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 20
+    counts: dict[str, int] = {}
     for r in results:
-        pdl = r["consts"]["PDL"]
-        assert r["wait"] == pdl and r["launch"] == pdl, r
+        counts[r["name"]] = counts.get(r["name"], 0) + 1
+    assert counts == EXPECTED
+    for r in results:
+        assert r["stores"], r
+        if r["pdl"]:
+            assert r["waits"] >= 1 and r["launches"] >= 1 and r["wait_before_store"], r
+            assert (r["loads_before_wait"] > 0) == (r["name"] in WEIGHT_BEFORE_WAIT), r
+        else:
+            assert r["waits"] == 0 and r["launches"] == 0, r
+    for name in EXPECTED:  # each kernel both ways
+        assert {r["pdl"] for r in results if r["name"] == name} == {False, True}, name
