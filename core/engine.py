@@ -26,7 +26,7 @@ from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
 from tileinfer.registry import Registry, build_registry
 from tileinfer.speculative import verify_greedy, verify_sampled
-from tileinfer.steps import EagerSteps, GraphedSteps, notice_gpu_only
+from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps, notice_gpu_only
 from tileinfer.tokenizer import StreamDecoder, Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -133,6 +133,9 @@ class Engine:
             notice_gpu_only(self.device, gpu_only)
         graphs = config.cuda_graphs and cuda
         self.steps = (GraphedSteps if graphs else EagerSteps)(self.model, self.kv, self._capture())
+        if graphs:
+            with torch.inference_mode():
+                self.steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1) if self.proposer else [1])
         self.pipeline: PipelinedDecoder | None = None  # None: the sequential loop of generate
         if config.pipelined and cuda and pipelining_applies(self.device, config.proposer):
             self.pipeline = PipelinedDecoder(self.model, self.kv, self.sampler, self.steps)

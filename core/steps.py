@@ -84,6 +84,18 @@ class GraphedSteps:
         replay()
         return outputs
 
+    def capture(self, token_counts: Collection[int]) -> None:
+        """Capture the graphs of ``token_counts`` now (the engine does it when it is built: 1, and
+        1 + spec_k with a proposer), so that no generation pays a capture. The capture steps write
+        keys and values at positions ``[0, t)`` of a sequence that is dropped afterwards."""
+        todo = sorted(set(token_counts) - set(self.graphs))
+        if not todo:
+            return
+        self.kv.reserve(max(todo))
+        for t in todo:
+            self.forward(torch.zeros(t, dtype=torch.int64, device=self.model.device), 0)
+        self.kv.reset()
+
     def _step(self, t: int, start: int) -> Outputs:
         step = Step(start, t, self.positions[:t], max_context=self.kv.capacity)
         return self.model.forward(self.tokens[:t], step, self.kv, capture=self.capture_layers)

@@ -84,3 +84,16 @@ def test_cuda_graphs_give_the_eager_tokens_on_the_gpu(folder, variant):
     assert graphed.token_ids == eager.token_ids
     again, _ = generate(folder, variant, replayed=False, cuda_graphs=True)  # a fresh engine in the same process
     assert again.token_ids == generate(folder, variant, replayed=False)[0].token_ids
+
+
+def test_graphs_captured_up_front_leave_no_sequence_and_the_same_tokens(folder):
+    """GraphedSteps.capture (what the engine does when it is built) takes every token count a
+    verify step can have, drops the positions it wrote, and generation gives the eager tokens."""
+    eager, _ = generate(folder, "reference", replayed=False, proposer="ngram", spec_k=3)
+    engine = tileinfer.Engine.from_config("reference", model=str(folder), device=DEVICE, dtype="float32",
+                                          kv_page_size=16, proposer="ngram", spec_k=3, progress=False)
+    engine.steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
+    engine.steps.capture(range(1, 5))
+    assert sorted(engine.steps.graphs) == [1, 2, 3, 4] and engine.kv.length == 0
+    result = engine.generate(PROMPT, max_new_tokens=14)
+    assert result.token_ids == eager.token_ids and sorted(engine.steps.graphs) == [1, 2, 3, 4]
