@@ -19,24 +19,24 @@ log "speculative decoding on the shipped target"
 timeout 50 python3 bench/speculative.py --device cuda --new-tokens 256 --repeats 2 --out $OUT/speculative_target.json \
   > $D/spec.log 2>&1; log "exit $?"; quiet $D/spec.log | tail -11 | tee -a $OUT/probe.log
 log "matrix: Qwen3-0.6B"
-timeout 120 python3 bench/run.py --shape Qwen3-0.6B --no-peers --seconds 0.5 --workload decode128_ctx1024 \
+timeout 120 python3 bench/run.py --commit ${COMMIT:-unknown} --shape Qwen3-0.6B --no-peers --seconds 0.5 --workload decode128_ctx1024 \
   --workload prefill1024 $(variants $FAST) --out $R > $D/run06.log 2>&1
 log "exit $?"
 log "matrix: Qwen3-4B, several samples a row"
-timeout 60 python3 bench/run.py --shape Qwen3-4B --no-peers --seconds 1 --workload decode128_ctx1024 \
+timeout 60 python3 bench/run.py --commit ${COMMIT:-unknown} --shape Qwen3-4B --no-peers --seconds 1 --workload decode128_ctx1024 \
   --workload prefill1024 $(variants default no-pipelining tile-eager cublas-linears-eager cublas-linears ngram) \
   --out $R > $D/run4.log 2>&1
 log "exit $?"
 log "long context"
-timeout 70 python3 bench/run.py --shape Qwen3-4B --shape Qwen3-0.6B --no-peers --seconds 0 --workload decode128_ctx8192 \
+timeout 70 python3 bench/run.py --commit ${COMMIT:-unknown} --shape Qwen3-4B --shape Qwen3-0.6B --no-peers --seconds 0 --workload decode128_ctx8192 \
   --workload decode128_ctx32768 $(variants default tile-eager) --out $R > $D/runlong.log 2>&1
 log "exit $?"
 log "slow eager variants: Qwen3-4B"
-timeout 70 python3 bench/run.py --shape Qwen3-4B --no-peers --seconds 0 --workload decode128_ctx1024 \
+timeout 70 python3 bench/run.py --commit ${COMMIT:-unknown} --shape Qwen3-4B --no-peers --seconds 0 --workload decode128_ctx1024 \
   --workload prefill1024 $(variants reference unfused-refattn-eager int8 int8-kv) --out $R > $D/runslow.log 2>&1
 log "exit $?"
 log "peers: Qwen3-4B"
-timeout 120 python3 bench/run.py --shape Qwen3-4B --seconds 0 --workload decode128_ctx1024 --workload prefill1024 \
+timeout 120 python3 bench/run.py --commit ${COMMIT:-unknown} --shape Qwen3-4B --seconds 0 --workload decode128_ctx1024 --workload prefill1024 \
   $(variants hf-sdpa engine-compiled hf-static-compile) --out $R > $D/runpeers.log 2>&1
 log "exit $?"; quiet $D/runpeers.log | tail -75 | tee -a $OUT/probe.log
 log "GPU tests of the steps"
