@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-_noticed: set[str] = set()
+_noticed = False
 
 
 def kernels_run_on(device: torch.device) -> bool:
@@ -16,7 +16,9 @@ def kernels_run_on(device: torch.device) -> bool:
 
 
 def notice_reference_twin(name: str) -> None:
-    if name not in _noticed:
-        _noticed.add(name)
-        print(f"notice: {name} runs its torch reference twin on the CPU (Triton kernels need a GPU; "
-              f"TRITON_INTERPRET=1 runs them in the interpreter)", file=sys.stderr)
+    """One line per process, whichever Triton implementation asks first."""
+    global _noticed
+    if not _noticed:
+        _noticed = True
+        print("notice: the Triton implementations run their torch reference twins on the CPU (Triton kernels "
+              f"need a GPU; TRITON_INTERPRET=1 runs them in the interpreter), {name} among them", file=sys.stderr)
