@@ -6,14 +6,7 @@
 #   run(command="bash bench/device_calls/matrix_rest.sh", carry=[".whl"], timeout_s=600)
 # $OUT: probe.log, results.json / results.md / results.png (bench/results/NVIDIA-H200/),
 #       speculative_target.json, details.tgz
-set -u
-export PYTHONUNBUFFERED=1
-source bench/device.sh setup || exit 1
-D=/tmp/details; mkdir -p $D
-R=bench/results/NVIDIA-H200
-log() { echo "[$(date +%T)] $*" | tee -a $OUT/probe.log; }
-quiet() { grep -vE "it/s|s/it|row/s|Warning|warn" "$@"; }
-variants() { for v in "$@"; do echo --variant $v; done; }
+source bench/device_calls/common.sh
 FAST="default no-pipelining tile-eager cublas-linears-eager no-fused-kernels no-fused-kernels-no-pipelining unfused-eager no-cuda-graphs cublas-linears ngram"
 log "speculative decoding on the shipped target"
 timeout 50 python3 bench/speculative.py --device cuda --new-tokens 256 --repeats 2 --out $OUT/speculative_target.json \

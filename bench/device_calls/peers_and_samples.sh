@@ -2,13 +2,7 @@
 # One device call (session 2, call 4): the static-cache compiled transformers peer, and the Qwen3-4B
 # rows that had one sample, again with several.
 #   run(command="COMMIT=$(git rev-parse --short HEAD) bash bench/device_calls/peers_and_samples.sh", carry=[".whl"])
-set -u
-export PYTHONUNBUFFERED=1
-source bench/device.sh setup || exit 1
-D=/tmp/details; mkdir -p $D
-R=bench/results/NVIDIA-H200
-log() { echo "[$(date +%T)] $*" | tee -a $OUT/probe.log; }
-variants() { for v in "$@"; do echo --variant $v; done; }
+source bench/device_calls/common.sh
 log "peer: hf-static-compile, Qwen3-4B"
 timeout 230 python3 bench/run.py --commit ${COMMIT:-unknown} --shape Qwen3-4B --seconds 0 --workload decode128_ctx1024 \
   --workload prefill1024 --variant hf-static-compile --out $R > $D/runpeer.log 2>&1

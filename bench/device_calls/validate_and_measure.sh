@@ -3,12 +3,7 @@
 # ablation matrix at the reference point (prefill1024, decode128_ctx1024).
 #   run(command="bash bench/device_calls/validate_and_measure.sh", carry=[".whl"], timeout_s=600)
 # $OUT: probe.log (what to read), results.json / results.md (bench/results/NVIDIA-H200/), details.tgz
-set -u
-export PYTHONUNBUFFERED=1
-source bench/device.sh setup || exit 1
-D=/tmp/details; mkdir -p $D
-R=bench/results/NVIDIA-H200
-log() { echo "[$(date +%T)] $*" | tee -a $OUT/probe.log; }
+source bench/device_calls/common.sh
 log "GPU tests"
 timeout ${TEST_S:-210} python3 -m pytest -q -p no:cacheprovider -m gpu tests > $D/pytest.log 2>&1
 log "pytest exit $?"; grep -E "^(FAILED|ERROR)| passed| failed" $D/pytest.log | tail -40 | tee -a $OUT/probe.log
