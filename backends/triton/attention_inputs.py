@@ -30,20 +30,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tileinfer.backends.triton.kv_write import _page_slot, check_paged_write, write_kv
 from tileinfer.backends.triton.norm import (
     FLOAT_DTYPES,
+    _load_weight_halves,
     _rms_norm_halves,
     norm_launch_config,
     rms_norm,
 )
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 from tileinfer.backends.triton.rope import _rope_rotate, apply_rope, check_rope_tables
-
-
-@triton.jit
-def _load_weight_halves(w_ptr, offs, D: tl.constexpr):
-    """The two halves of a ``[D]`` norm weight as float32 ``[1, BLOCK_HALF]`` tiles."""
-    wa = tl.load(w_ptr + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
-    wb = tl.load(w_ptr + D // 2 + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
-    return wa, wb
 
 
 @triton.jit

@@ -71,6 +71,14 @@ def _rms_norm_halves(a, b, wa, wb, N: tl.constexpr, eps, DTYPE: tl.constexpr):
     return (wa * na).to(DTYPE), (wb * nb).to(DTYPE)
 
 
+@triton.jit
+def _load_weight_halves(w_ptr, offs, D: tl.constexpr):
+    """The two halves of a ``[D]`` norm weight as float32 ``[1, BLOCK_HALF]`` tiles."""
+    wa = tl.load(w_ptr + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + D // 2 + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
+    return wa, wb
+
+
 # -- kernels --------------------------------------------------------------------------------------
 
 
@@ -88,8 +96,7 @@ def _rms_norm_kernel(
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < HEADS) & (offs < N // 2)
-    wa = tl.load(w_ptr + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
-    wb = tl.load(w_ptr + N // 2 + offs, mask=offs < N // 2, other=0.0).to(tl.float32)
+    wa, wb = _load_weight_halves(w_ptr, offs, N)
     if PDL:
         gdc_wait()  # x may be the output of the kernel before
     x = x_ptr + t * stride_x_t + heads * stride_x_h + offs
