@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from tileinfer.config import Config, load_config
 
-FUSED_OFF = ["linear=triton", "attention=triton", "ops=triton"]  # one Triton kernel per op
+FUSED_OFF = ["linear=triton", "attention=triton"]  # one Triton kernel per op
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],  # configs/default.yaml as it is: fused Triton kernels, CUDA graphs, pipelined
@@ -26,7 +26,7 @@ VARIANTS: dict[str, list[str]] = {
     "no-fused-kernels-no-pipelining": [*FUSED_OFF, "pipelined=false"],  # the per-op CUDA-graph table's middle row
     "no-cuda-graphs": ["cuda_graphs=false"],
     "no-pipelining": ["pipelined=false"],
-    "cublas-linears": ["linear=reference"],  # torch (cuBLAS) linears instead of the default's
+    "cublas-linears": ["linear=cublas"],  # torch (cuBLAS) matmuls between the per-op Triton kernels
     "cublas-linears-eager": ["cublas-linears"],  # tile-eager with cuBLAS linears (the seed's cuTile vs cuBLAS)
     # INT8 runs on the reference linear / attention only (so far): those rows switch them too.
     "int8": ["quantize=int8", "linear=reference"],  # weight-only INT8

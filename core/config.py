@@ -20,7 +20,7 @@ from tileinfer.errors import ConfigError
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZE = ("none", "int8")
-INTERFACE_KEYS = ("linear", "attention", "kv_store", "sampler", "proposer", "ops")
+INTERFACE_KEYS = ("linear", "attention", "kv_store", "sampler", "proposer")
 
 
 @dataclass
@@ -36,7 +36,6 @@ class Config:
     kv_store: str = MISSING
     sampler: str = MISSING
     proposer: str = MISSING
-    ops: str = MISSING
     max_new_tokens: int = MISSING
     temperature: float = MISSING
     top_k: int = MISSING

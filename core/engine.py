@@ -104,7 +104,6 @@ class Engine:
         backend = Backend(
             linear=self.registry.get("linear", config.linear),
             attention=self.registry.get("attention", config.attention),
-            ops=self.registry.get("ops", config.ops)(),
             quantize=config.quantize,
         )
         if config.quantize not in backend.linear.supported_quantize:

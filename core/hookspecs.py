@@ -18,7 +18,7 @@ PROJECT = "tileinfer"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-KINDS = ("linear", "attention", "kv_store", "sampler", "proposer", "ops")
+KINDS = ("linear", "attention", "kv_store", "sampler", "proposer")
 
 
 @dataclass(frozen=True)

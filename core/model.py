@@ -1,9 +1,10 @@
 """Qwen3Model: the decoder stack, built from whichever implementations the config names.
 
-Data flows one way: embedding -> per layer [RMSNorm, fused qkv Linear, Attention, o_proj Linear,
-add + RMSNorm, fused gate_up Linear with SwiGLU epilogue, down Linear] -> add + final RMSNorm ->
-lm_head Linear with float32 logits. The residual add before each norm is one ``add_rms_norm``
-call so that an ops backend may fuse it.
+Data flows one way along the residual stream ``h``: embedding -> per layer [fused qkv Linear
+(input_layernorm as its RMSNorm), Attention, o_proj Linear adding ``h``, fused gate_up Linear
+(post_attention_layernorm as its RMSNorm; SwiGLU epilogue), down Linear adding ``h``] -> lm_head
+Linear (the final norm as its RMSNorm) with float32 logits. Each norm and residual add belongs to
+the Linear beside it, so that an implementation may fuse them into its kernel.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from tileinfer.interfaces import Attention, KVStore, Linear, Ops, RopeTable, Step
+from tileinfer.interfaces import Attention, KVStore, Linear, RMSNorm, RopeTable, Step
 from tileinfer.model_config import ModelConfig
 
 
@@ -24,19 +26,16 @@ class Backend:
 
     linear: type[Linear]
     attention: type[Attention]
-    ops: Ops
     quantize: str = "none"
 
 
 @dataclass
 class Qwen3Layer:
-    input_norm: torch.Tensor
-    qkv: Linear
+    qkv: Linear  # input_layernorm, then [T, hidden] -> [T, (H + 2 Hkv) D]
     attention: Attention
-    o_proj: Linear
-    post_norm: torch.Tensor
-    gate_up: Linear  # SwiGLU epilogue: [T, hidden] -> [T, intermediate]
-    down: Linear
+    o_proj: Linear  # called with the residual stream
+    gate_up: Linear  # post_attention_layernorm, then SwiGLU: [T, hidden] -> [T, intermediate]
+    down: Linear  # called with the residual stream
 
 
 def rope_table(head_dim: int, theta: float, max_positions: int, device: torch.device) -> RopeTable:
@@ -50,14 +49,12 @@ def rope_table(head_dim: int, theta: float, max_positions: int, device: torch.de
 class Qwen3Model:
     """A dense Qwen3 causal LM on one device."""
 
-    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Qwen3Layer],
-                 norm: torch.Tensor, lm_head: Linear, ops: Ops, rope: RopeTable) -> None:
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Qwen3Layer], lm_head: Linear,
+                 rope: RopeTable) -> None:
         self.config = config
         self.embed = embed
         self.layers = layers
-        self.norm = norm
-        self.lm_head = lm_head
-        self.ops = ops
+        self.lm_head = lm_head  # the final norm is its RMSNorm
         self.rope = rope
 
     @property
@@ -78,6 +75,10 @@ class Qwen3Model:
         rope = rope_table(config.head_dim, config.rope_theta, config.max_positions, embed.device)
         spec = config.attention
         q = backend.quantize
+
+        def norm(name: str) -> RMSNorm:
+            return RMSNorm(tensor(name), config.rms_norm_eps)
+
         layers = []
         for n in tqdm(range(config.num_layers), desc="loading layers", unit="layer", disable=not progress or None,
                       leave=False):
@@ -85,19 +86,18 @@ class Qwen3Model:
             qkv = torch.cat([tensor(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
             gate_up = torch.cat([tensor(p + "mlp.gate_proj.weight"), tensor(p + "mlp.up_proj.weight")])
             layers.append(Qwen3Layer(
-                input_norm=tensor(p + "input_layernorm.weight"),
-                qkv=backend.linear(qkv, quantize=q),
+                qkv=backend.linear(qkv, quantize=q, norm=norm(p + "input_layernorm.weight")),
                 attention=backend.attention(spec, layer=n, q_norm_weight=tensor(p + "self_attn.q_norm.weight"),
                                             k_norm_weight=tensor(p + "self_attn.k_norm.weight"), rope=rope),
                 o_proj=backend.linear(tensor(p + "self_attn.o_proj.weight"), quantize=q),
-                post_norm=tensor(p + "post_attention_layernorm.weight"),
-                gate_up=backend.linear(gate_up, epilogue="swiglu", quantize=q),
+                gate_up=backend.linear(gate_up, epilogue="swiglu", quantize=q,
+                                       norm=norm(p + "post_attention_layernorm.weight")),
                 down=backend.linear(tensor(p + "mlp.down_proj.weight"), quantize=q),
             ))
             del qkv, gate_up
         head = embed if config.tie_word_embeddings else tensor("lm_head.weight")
-        lm_head = backend.linear(head, out_dtype=torch.float32, quantize=q)
-        return cls(config, embed, layers, tensor("model.norm.weight"), lm_head, backend.ops, rope)
+        lm_head = backend.linear(head, out_dtype=torch.float32, quantize=q, norm=norm("model.norm.weight"))
+        return cls(config, embed, layers, lm_head, rope)
 
     def forward(self, token_ids: torch.Tensor, step: Step, kv: KVStore, *, last_only: bool = False,
                 capture: Collection[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -106,21 +106,13 @@ class Qwen3Model:
         Returns float32 logits ``[T, V]`` (``[1, V]`` of the last token with ``last_only``) and the
         outputs ``[T, hidden]`` of the decoder layers listed in ``capture`` (before the final norm).
         """
-        ops, eps = self.ops, self.config.rms_norm_eps
-        h = ops.embedding(token_ids, self.embed)
-        residual = None
+        h = F.embedding(token_ids, self.embed)
         hidden: dict[int, torch.Tensor] = {}
         for n, layer in enumerate(self.layers):
-            if residual is None:
-                x, residual = ops.rms_norm(h, layer.input_norm, eps), h
-            else:
-                x, residual = ops.add_rms_norm(h, residual, layer.input_norm, eps)
-            h = layer.o_proj(layer.attention(layer.qkv(x), step, kv))
-            x, residual = ops.add_rms_norm(h, residual, layer.post_norm, eps)
-            h = layer.down(layer.gate_up(x))
+            h = layer.o_proj(layer.attention(layer.qkv(h), step, kv), residual=h)
+            h = layer.down(layer.gate_up(h), residual=h)
             if n in capture:
-                hidden[n] = h + residual
+                hidden[n] = h
         if last_only:
-            h, residual = h[-1:], residual[-1:]
-        x, _ = ops.add_rms_norm(h, residual, self.norm, eps)
-        return self.lm_head(x), hidden
+            h = h[-1:]
+        return self.lm_head(h), hidden

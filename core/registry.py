@@ -80,7 +80,6 @@ def _interface(kind: str) -> type:
         "kv_store": interfaces.KVStore,
         "sampler": interfaces.Sampler,
         "proposer": interfaces.Proposer,
-        "ops": interfaces.Ops,
     }[kind]
 
 

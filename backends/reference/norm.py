@@ -1,4 +1,4 @@
-"""Reference embedding, RMSNorm and residual add + RMSNorm (Hugging Face Qwen3's arithmetic)."""
+"""Reference embedding and RMSNorm (Hugging Face Qwen3's arithmetic)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,3 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``s = x + residual`` in x's dtype; returns ``(rms_norm(s), s)``."""
-    s = x + residual
-    return rms_norm(s, weight, eps), s

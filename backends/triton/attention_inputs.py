@@ -1,23 +1,30 @@
 """Attention inputs from the fused q/k/v projection: q/k RMSNorm, RoPE and the paged K/V write.
 
 Twin: the first half of plugins/reference/attention.py (split, ``rms_norm`` of q and k heads,
-``apply_rope``, ``write_pages``). Two kernels replace the unfused chain of eight
-(:func:`attention_inputs_unfused`: 3 copies of the qkv slices, 2 norms, 2 RoPE, 1 KV write).
+``apply_rope``, ``write_pages``). One kernel launch, ``_attention_inputs_kernel``, replaces the
+unfused chain of eight (:func:`attention_inputs_unfused`: 3 copies of the qkv slices, 2 norms,
+2 RoPE, 1 KV write).
 
 Tiling and grid: a program handles ``BLOCK_H`` heads of one token, loaded from
 ``qkv[T, (H + 2 Hkv) * D]`` as two ``[BLOCK_H, BLOCK_HALF]`` tiles (channels ``i`` and ``i + D/2``,
 the pairs RoPE mixes), with ``(BLOCK_H, BLOCK_HALF, num_warps) = norm_launch_config(D, heads)``
 (8 heads of 128, 2 warps): exactly the tiles of the per-op ``rms_norm`` on ``[T, heads, D]``, and
 the same helpers (:func:`_rms_norm_halves`, :func:`_rope_rotate`) as ``rms_norm`` and
-``apply_rope``. ``_q_norm_rope_kernel``: grid ``(T, cdiv(H, BLOCK_H))``, stores q ``[T, H, D]``.
-``_k_norm_rope_write_kernel``: grid ``(T, cdiv(Hkv, BLOCK_H))``, normalizes and rotates the k heads
-and stores them, with the v heads beside them (copied), at the token's page and slot. The
-normalized value is rounded to the model dtype after the weight multiply and before RoPE, as the
-chain stores it, so the fused pair equals the unfused chain bit for bit.
+``apply_rope``. Grid ``(T, cdiv(H, BLOCK_H) + cdiv(Hkv, BLOCK_H))``: program column
+``j < cdiv(H, BLOCK_H)`` normalizes and rotates q heads ``j * BLOCK_H ..`` and stores them in q
+``[T, H, D]``; the other columns normalize and rotate their k heads and store them, with the v heads
+beside them (copied), at the token's page and slot. The normalized value is rounded to the model
+dtype after the weight multiply and before RoPE, as the chain stores it, so the kernel equals the
+unfused chain bit for bit. One launch serves both parts only where ``norm_launch_config(D, H) ==
+norm_launch_config(D, Hkv)`` (e.g. ``D`` = 128 with ``H, Hkv >= 8``: Qwen3), since each head's
+``tl.sum`` must keep its per-op tile and warps; otherwise (few heads) :func:`attention_inputs`
+launches the same kernel twice, over the kv columns (:func:`k_norm_rope_write`) then the q columns
+(:func:`q_norm_rope`), each with its heads' config.
 
-Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): both kernels let the
-next kernel launch at their start and load the norm weight (immutable) before the grid dependency
-wait; positions, the block table, qkv and the pages are touched after it. Same bits either way.
+Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): the kernel lets the
+next kernel launch at its start and loads its norm weight (q's or k's, immutable) before the grid
+dependency wait; positions, the block table, qkv and the pages are touched after it. Same bits
+either way.
 """
 
 from __future__ import annotations
@@ -52,61 +59,48 @@ def _norm_rope(src, heads, offs, mask, wa, wb, c, s, eps, DTYPE: tl.constexpr, D
 
 
 @triton.jit
-def _q_norm_rope_kernel(
-    qkv_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr,
-    stride_qkv_t, stride_q_t, stride_q_h, stride_cs,
-    eps,
-    H: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:
-        gdc_launch_dependents()
-    t = tl.program_id(0).to(tl.int64)
-    heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
-    offs = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = (heads < H) & (offs < D // 2)
-    wa, wb = _load_weight_halves(w_ptr, offs, D)
-    if PDL:
-        gdc_wait()  # qkv and the positions come from earlier kernels or copies
-    pos = tl.load(pos_ptr + t)
-    c = tl.load(cos_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=1.0)
-    s = tl.load(sin_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=0.0)
-    ra, rb = _norm_rope(qkv_ptr + t * stride_qkv_t, heads, offs, mask, wa, wb, c, s, eps,
-                        q_ptr.dtype.element_ty, D)
-    q = q_ptr + t * stride_q_t + heads * stride_q_h + offs
-    tl.store(q, ra, mask=mask)
-    tl.store(q + D // 2, rb, mask=mask)
-
-
-@triton.jit
-def _k_norm_rope_write_kernel(
-    qkv_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, kp_ptr, vp_ptr, bt_ptr,
-    stride_qkv_t, stride_cs, stride_p_page, stride_p_h, stride_p_slot,
-    eps,
+def _attention_inputs_kernel(
+    qkv_ptr, q_w_ptr, k_w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kp_ptr, vp_ptr, bt_ptr,
+    stride_qkv_t, stride_q_t, stride_q_h, stride_cs, stride_p_page, stride_p_h, stride_p_slot,
+    eps, col0,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Program ``(t, c)``, column ``j = col0 + c`` of the full grid ``(T, cdiv(H, BLOCK_H) +
+    cdiv(HKV, BLOCK_H))``: ``j < cdiv(H, BLOCK_H)``: q heads ``j * BLOCK_H ..`` -> norm, RoPE ->
+    ``q``; otherwise kv heads ``(j - cdiv(H, BLOCK_H)) * BLOCK_H ..``: k -> norm, RoPE -> ``kp``,
+    v -> ``vp``. The program's norm weight (q's or k's) is loaded before the PDL wait."""
     if PDL:
         gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
-    heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
+    j = tl.program_id(1) + col0
+    q_cols = (H + BLOCK_H - 1) // BLOCK_H
+    is_q = j < q_cols
+    heads = (tl.where(is_q, j, j - q_cols) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = (heads < HKV) & (offs < D // 2)
-    wa, wb = _load_weight_halves(w_ptr, offs, D)
+    wa, wb = _load_weight_halves(tl.where(is_q, q_w_ptr, k_w_ptr), offs, D)
     if PDL:
         gdc_wait()  # qkv, positions, block table, pages: all after the kernel before
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=1.0)
     s = tl.load(sin_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=0.0)
     row = qkv_ptr + t * stride_qkv_t
-    ra, rb = _norm_rope(row + H * D, heads, offs, mask, wa, wb, c, s, eps, kp_ptr.dtype.element_ty, D)
-    page, slot = _page_slot(bt_ptr, pos, PAGE_SIZE)
-    dst = page * stride_p_page + heads * stride_p_h + slot * stride_p_slot + offs
-    tl.store(kp_ptr + dst, ra, mask=mask)
-    tl.store(kp_ptr + dst + D // 2, rb, mask=mask)
-    v = row + (H + HKV) * D + heads * D + offs  # v heads: copied as they are
-    tl.store(vp_ptr + dst, tl.load(v, mask=mask), mask=mask)
-    tl.store(vp_ptr + dst + D // 2, tl.load(v + D // 2, mask=mask), mask=mask)
+    if is_q:
+        mask = (heads < H) & (offs < D // 2)
+        ra, rb = _norm_rope(row, heads, offs, mask, wa, wb, c, s, eps, q_ptr.dtype.element_ty, D)
+        q = q_ptr + t * stride_q_t + heads * stride_q_h + offs
+        tl.store(q, ra, mask=mask)
+        tl.store(q + D // 2, rb, mask=mask)
+    else:
+        mask = (heads < HKV) & (offs < D // 2)
+        ra, rb = _norm_rope(row + H * D, heads, offs, mask, wa, wb, c, s, eps, kp_ptr.dtype.element_ty, D)
+        page, slot = _page_slot(bt_ptr, pos, PAGE_SIZE)
+        dst = page * stride_p_page + heads * stride_p_h + slot * stride_p_slot + offs
+        tl.store(kp_ptr + dst, ra, mask=mask)
+        tl.store(kp_ptr + dst + D // 2, rb, mask=mask)
+        v = row + (H + HKV) * D + heads * D + offs  # v heads: copied as they are
+        tl.store(vp_ptr + dst, tl.load(v, mask=mask), mask=mask)
+        tl.store(vp_ptr + dst + D // 2, tl.load(v + D // 2, mask=mask), mask=mask)
 
 
 def _check_qkv(qkv: torch.Tensor, weight: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> int:
@@ -118,6 +112,41 @@ def _check_qkv(qkv: torch.Tensor, weight: torch.Tensor, num_heads: int, num_kv_h
     assert weight.shape == (head_dim,) and weight.dtype == qkv.dtype and weight.is_contiguous()
     assert weight.device == qkv.device
     return qkv.shape[0]
+
+
+def _check_pages(qkv: torch.Tensor, positions: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                 block_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    t = qkv.shape[0]
+    k_heads = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(t, num_kv_heads, head_dim)
+    check_paged_write(k_pages, block_table, positions, k_heads, "k")
+    assert v_pages.shape == k_pages.shape and v_pages.dtype == k_pages.dtype and v_pages.is_contiguous()
+
+
+def _launch(
+    qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+    num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
+    config: tuple[int, int, int], with_q: bool, with_kv: bool, pdl: bool,
+) -> None:
+    """One launch of :func:`_attention_inputs_kernel` with ``config`` (a ``norm_launch_config``)
+    over the q columns of its grid, the kv columns, or both. The tensors of a part not launched
+    are placeholders (never read nor written), any tensor of the right kind will do."""
+    t = qkv.shape[0]
+    if t == 0:
+        return
+    block_h, block_half, num_warps = config
+    q_cols, kv_cols = triton.cdiv(num_heads, block_h), triton.cdiv(num_kv_heads, block_h)
+    pdl = use_pdl(pdl, qkv.device)
+    _attention_inputs_kernel[(t, q_cols * with_q + kv_cols * with_kv)](
+        qkv, q_norm_weight, k_norm_weight, cos, sin, positions, q, k_pages, v_pages, block_table,
+        qkv.stride(0), q.stride(0), q.stride(1), cos.stride(0),
+        k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        eps, 0 if with_q else q_cols,
+        H=num_heads, HKV=num_kv_heads, D=head_dim, PAGE_SIZE=k_pages.shape[2],
+        BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
+        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
+    )
 
 
 def q_norm_rope(
@@ -134,26 +163,19 @@ def q_norm_rope(
     out: torch.Tensor | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """One kernel: q heads of ``qkv`` ``[T, (H + 2 Hkv) * D]`` -> per-head RMSNorm (weight
-    ``[D]``) -> RoPE at ``positions`` ``[T]`` int64 (``cos``/``sin``: the ``[max_positions, D/2]``
-    float32 tables) -> ``q`` ``[T, H, D]`` (``out``, new and contiguous unless given). ``pdl``:
+    """One launch (the q columns of :func:`_attention_inputs_kernel`): q heads of ``qkv``
+    ``[T, (H + 2 Hkv) * D]`` -> per-head RMSNorm (weight ``[D]``) -> RoPE at ``positions`` ``[T]``
+    int64 (``cos``/``sin``: the ``[max_positions, D/2]`` float32 tables) -> ``q`` ``[T, H, D]``
+    (``out``, new and contiguous unless given), with ``norm_launch_config(D, H)``. ``pdl``:
     programmatic dependent launch where supported (the weight is read before the wait); same bits."""
     t = _check_qkv(qkv, q_norm_weight, num_heads, num_kv_heads, head_dim)
     check_rope_tables(cos, sin, positions, t, head_dim, qkv.device)
     if out is None:
         out = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     assert out.shape == (t, num_heads, head_dim) and out.dtype == qkv.dtype and out.stride(-1) == 1
-    if t == 0:
-        return out
-    block_h, block_half, num_warps = norm_launch_config(head_dim, num_heads)
-    pdl = use_pdl(pdl, qkv.device)
-    _q_norm_rope_kernel[(t, triton.cdiv(num_heads, block_h))](
-        qkv, q_norm_weight, cos, sin, positions, out,
-        qkv.stride(0), out.stride(0), out.stride(1), cos.stride(0),
-        eps,
-        H=num_heads, D=head_dim, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
-        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
-    )
+    pages = out.unsqueeze(2)  # placeholders: pages and block table
+    _launch(qkv, q_norm_weight, q_norm_weight, cos, sin, positions, out, pages, pages, positions,
+            num_heads, num_kv_heads, head_dim, eps, norm_launch_config(head_dim, num_heads), True, False, pdl)
     return out
 
 
@@ -173,27 +195,17 @@ def k_norm_rope_write(
     *,
     pdl: bool = False,
 ) -> None:
-    """One kernel: k heads of ``qkv`` -> per-head RMSNorm -> RoPE -> ``k_pages``; v heads ->
-    ``v_pages`` (``[num_pages, Hkv, page_size, D]``, model dtype), at ``positions`` through
-    ``block_table`` int32 (page ``block_table[p // page_size]``, slot ``p % page_size``). ``pdl``:
-    as for :func:`q_norm_rope`."""
+    """One launch (the kv columns of :func:`_attention_inputs_kernel`): k heads of ``qkv`` ->
+    per-head RMSNorm -> RoPE -> ``k_pages``; v heads -> ``v_pages`` (``[num_pages, Hkv, page_size,
+    D]``, model dtype), at ``positions`` through ``block_table`` int32 (page ``block_table[p //
+    page_size]``, slot ``p % page_size``), with ``norm_launch_config(D, Hkv)``. ``pdl``: as for
+    :func:`q_norm_rope`."""
     t = _check_qkv(qkv, k_norm_weight, num_heads, num_kv_heads, head_dim)
     check_rope_tables(cos, sin, positions, t, head_dim, qkv.device)
-    k_heads = qkv[:, num_heads * head_dim:(num_heads + num_kv_heads) * head_dim].view(t, num_kv_heads, head_dim)
-    check_paged_write(k_pages, block_table, positions, k_heads, "k")
-    assert v_pages.shape == k_pages.shape and v_pages.dtype == k_pages.dtype and v_pages.is_contiguous()
-    if t == 0:
-        return
-    block_h, block_half, num_warps = norm_launch_config(head_dim, num_kv_heads)
-    pdl = use_pdl(pdl, qkv.device)
-    _k_norm_rope_write_kernel[(t, triton.cdiv(num_kv_heads, block_h))](
-        qkv, k_norm_weight, cos, sin, positions, k_pages, v_pages, block_table,
-        qkv.stride(0), cos.stride(0), k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
-        eps,
-        H=num_heads, HKV=num_kv_heads, D=head_dim, PAGE_SIZE=k_pages.shape[2],
-        BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
-        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
-    )
+    _check_pages(qkv, positions, k_pages, v_pages, block_table, num_heads, num_kv_heads, head_dim)
+    q = k_pages[:, 0]  # placeholder
+    _launch(qkv, k_norm_weight, k_norm_weight, cos, sin, positions, q, k_pages, v_pages, block_table,
+            num_heads, num_kv_heads, head_dim, eps, norm_launch_config(head_dim, num_kv_heads), False, True, pdl)
 
 
 def attention_inputs(
@@ -211,14 +223,32 @@ def attention_inputs(
     head_dim: int,
     eps: float,
     *,
+    out: torch.Tensor | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """The fused pair: writes k and v into the pages and returns q ``[T, H, D]`` (2 kernels).
-    ``pdl``: programmatic dependent launch of both where supported; same bits."""
-    k_norm_rope_write(qkv, k_norm_weight, cos, sin, positions, k_pages, v_pages, block_table,
-                      num_heads, num_kv_heads, head_dim, eps, pdl=pdl)
-    return q_norm_rope(qkv, q_norm_weight, cos, sin, positions, num_heads, num_kv_heads, head_dim, eps,
-                       pdl=pdl)
+    """Writes k and v into the pages and returns q ``[T, H, D]`` (``out``, new and contiguous
+    unless given): one launch of
+    :func:`_attention_inputs_kernel` where ``norm_launch_config`` gives the q heads and the kv
+    heads the same tiles (e.g. ``D`` = 128 with ``H, Hkv >= 8``: Qwen3), else the two launches
+    :func:`k_norm_rope_write` and :func:`q_norm_rope`, each with its heads' tiles (few heads).
+    Same bits as :func:`attention_inputs_unfused` either way. ``pdl``: programmatic dependent
+    launch where supported; same bits."""
+    config = norm_launch_config(head_dim, num_heads)
+    if config != norm_launch_config(head_dim, num_kv_heads):
+        k_norm_rope_write(qkv, k_norm_weight, cos, sin, positions, k_pages, v_pages, block_table,
+                          num_heads, num_kv_heads, head_dim, eps, pdl=pdl)
+        return q_norm_rope(qkv, q_norm_weight, cos, sin, positions, num_heads, num_kv_heads, head_dim, eps,
+                           out=out, pdl=pdl)
+    t = _check_qkv(qkv, q_norm_weight, num_heads, num_kv_heads, head_dim)
+    _check_qkv(qkv, k_norm_weight, num_heads, num_kv_heads, head_dim)
+    check_rope_tables(cos, sin, positions, t, head_dim, qkv.device)
+    _check_pages(qkv, positions, k_pages, v_pages, block_table, num_heads, num_kv_heads, head_dim)
+    if out is None:
+        out = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    assert out.shape == (t, num_heads, head_dim) and out.dtype == qkv.dtype and out.stride(-1) == 1
+    _launch(qkv, q_norm_weight, k_norm_weight, cos, sin, positions, out, k_pages, v_pages, block_table,
+            num_heads, num_kv_heads, head_dim, eps, config, True, True, pdl)
+    return out
 
 
 def attention_inputs_unfused(
@@ -240,7 +270,7 @@ def attention_inputs_unfused(
 ) -> torch.Tensor:
     """:func:`attention_inputs` as the chain of per-op kernels (8 launches): copy the q, k, v slices
     of ``qkv`` to contiguous tensors, ``rms_norm`` q and k heads, ``apply_rope`` to both, ``write_kv``.
-    Same outputs, bit for bit; the baseline the fused pair is measured against. ``pdl``: for the
+    Same outputs, bit for bit; the baseline the fused kernel is measured against. ``pdl``: for the
     Triton kernels of the chain (the copies are torch's, launched as usual)."""
     t = _check_qkv(qkv, q_norm_weight, num_heads, num_kv_heads, head_dim)
     d = head_dim

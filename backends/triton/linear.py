@@ -40,9 +40,18 @@ import triton.language as tl
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tileinfer.backends.triton.norm import (
+    _add_round,
+    _load_row_halves,
+    _rstd_halves,
+    _scale_normalized,
+    add,
+    norm_launch_config,
+    rms_norm,
+)
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 from tileinfer.backends.triton.pdl import pdl_supported as pdl_supported  # re-exported for existing callers
-from tileinfer.backends.triton.swiglu import _silu_mul
+from tileinfer.backends.triton.swiglu import _silu_mul, silu_mul
 
 GEMV_MAX_TOKENS = 16  # T <= 16: GEMV path; T > 16: GEMM path
 GEMV_BLOCK_T = 16  # token rows of the GEMV's tl.dot (T = 2..16 padded to 16)
@@ -194,6 +203,38 @@ def _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT: tl.constexpr, EVEN_K: tl.con
 
 
 @triton.jit
+def _norm_rstd(x_ptr, T, stride_xt, eps, BLOCK_T: tl.constexpr, NORM_K: tl.constexpr,
+               NORM_HALF: tl.constexpr, USE_DOT: tl.constexpr):
+    """The RMSNorm prologue's ``rsqrt(mean(x^2) + eps)`` of each token row of ``x`` (``NORM_K`` =
+    K elements): a float32 scalar (T = 1 path) or ``[BLOCK_T, 1]`` (tl.dot path; padded rows 1).
+    Each row is reduced alone, on the tiles of norm.py's row kernel."""
+    if USE_DOT:
+        offs_t = tl.arange(0, BLOCK_T)[:, None]
+        rstd = tl.full((BLOCK_T, 1), 1.0, tl.float32)
+        for t in range(0, T):
+            a, b = _load_row_halves(x_ptr + t * stride_xt, NORM_K, NORM_HALF)
+            rstd = tl.where(offs_t == t, tl.sum(_rstd_halves(a, b, NORM_K, eps)), rstd)
+    else:
+        a, b = _load_row_halves(x_ptr, NORM_K, NORM_HALF)
+        rstd = tl.sum(_rstd_halves(a, b, NORM_K, eps))
+    return rstd
+
+
+@triton.jit
+def _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    """The chunk ``x[:, k0:k0 + BLOCK_K]`` RMS-normalized: ``round(w * round(x * rstd))`` with the
+    norm weight's chunk, in x's dtype (as the row kernel stores it)."""
+    if EVEN_K:
+        w = tl.load(nw_ptr + k0 + offs_k, eviction_policy="evict_last")
+    else:
+        w = tl.load(nw_ptr + k0 + offs_k, mask=offs_k < K - k0, other=0.0, eviction_policy="evict_last")
+    w = w.to(tl.float32)
+    if USE_DOT:
+        w = w[None, :]
+    return _scale_normalized(x.to(tl.float32), rstd, w, x.dtype)
+
+
+@triton.jit
 def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
     if USE_DOT:
         if DOT_F32:
@@ -207,15 +248,17 @@ def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
 
 @triton.jit
 def _gemv_rows(
-    x_ptr, w_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
+    x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr,
+    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
+    NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
 ):
     """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi) (never empty):
     [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1 path). ``rows`` must be valid row
     indices (no row mask). The first chunk is peeled: its weight load is issued before the grid
     dependency wait (``PDL``), so it overlaps the tail of the kernel before; the activations, which
-    that kernel may have written, are read after it. The order of the sums is the same either way."""
+    that kernel may have written, are read after it. The order of the sums is the same either way.
+    ``NORM``: x is RMS-normalized on the fly with the weight at ``nw_ptr`` (the prologue)."""
     offs_k = tl.arange(0, BLOCK_K)
     offs_t = tl.arange(0, BLOCK_T)
     t_mask = offs_t < T
@@ -230,12 +273,18 @@ def _gemv_rows(
     w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
     if PDL:
         gdc_wait()
+    if NORM:
+        rstd = _norm_rstd(x_ptr, T, stride_xt, eps, BLOCK_T, NORM_K, NORM_HALF, USE_DOT)
     x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
+    if NORM:
+        x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
     acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
     for kb in range(kb_lo + 1, kb_hi):
         k0 = kb * BLOCK_K
         w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
         x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
+        if NORM:
+            x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
         acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)
@@ -243,15 +292,27 @@ def _gemv_rows(
 
 
 @triton.jit
+def _add_residual(y, r_ptrs, mask, RESIDUAL: tl.constexpr):
+    """The residual epilogue: ``round(y + r)`` (``y`` already in the output dtype), as norm.add."""
+    if RESIDUAL:
+        r = tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+        y = _add_round(y.to(tl.float32), r, y.dtype)
+    return y
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, y_ptr, T, N, K, I_OFF, kb_per_split,
-    stride_xt, stride_wn, stride_ys, stride_yt,
+    x_ptr, w_ptr, y_ptr, nw_ptr, r_ptr, T, N, K, I_OFF, kb_per_split, eps,
+    stride_xt, stride_wn, stride_ys, stride_yt, stride_rt,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, NORM: tl.constexpr, NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
+    RESIDUAL: tl.constexpr,
 ):
     """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
-    program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n)."""
+    program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). NORM: x is
+    RMS-normalized first (weight ``nw_ptr``, ``NORM_K`` = K); RESIDUAL: ``r[t, n]`` is added to the
+    rounded result (``r`` has y's shape; never with split-K partials)."""
     if PDL:
         gdc_launch_dependents()
     pid_n = tl.program_id(0)
@@ -260,21 +321,23 @@ def _gemv_kernel(
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
-    acc = _gemv_rows(x_ptr, w_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
-                     BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL)
+    acc = _gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
+                     BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF)
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
-        acc_u = _gemv_rows(x_ptr, w_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
-                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL)
+        acc_u = _gemv_rows(x_ptr, w_ptr, nw_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
+                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF)
         acc = _silu_mul(_round_to(acc, out_ty), _round_to(acc_u, out_ty))
     y_ptr += pid_k.to(tl.int64) * stride_ys
     n_mask = offs_n < N
     if USE_DOT:
-        offs_t = tl.arange(0, BLOCK_T)
-        y_ptrs = y_ptr + offs_t.to(tl.int64)[:, None] * stride_yt + offs_n[None, :]
-        tl.store(y_ptrs, acc.to(out_ty), mask=(offs_t < T)[:, None] & n_mask[None, :])
+        offs_t = tl.arange(0, BLOCK_T).to(tl.int64)[:, None]
+        mask = (offs_t < T) & n_mask[None, :]
+        y = _add_residual(acc.to(out_ty), r_ptr + offs_t * stride_rt + offs_n[None, :], mask, RESIDUAL)
+        tl.store(y_ptr + offs_t * stride_yt + offs_n[None, :], y, mask=mask)
     else:
-        tl.store(y_ptr + offs_n, acc.to(out_ty), mask=n_mask)
+        y = _add_residual(acc.to(out_ty), r_ptr + offs_n, n_mask, RESIDUAL)
+        tl.store(y_ptr + offs_n, y, mask=n_mask)
 
 
 @triton.jit
@@ -288,8 +351,9 @@ def _sum_splits(p_ptrs, mask, stride_ps, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _splitk_reduce_kernel(
-    p_ptr, y_ptr, N, I_OFF, stride_ps, stride_pt, stride_yt,
+    p_ptr, y_ptr, r_ptr, N, I_OFF, stride_ps, stride_pt, stride_yt, stride_rt,
     SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
+    RESIDUAL: tl.constexpr,
 ):
     if PDL:
         gdc_launch_dependents()
@@ -303,17 +367,19 @@ def _splitk_reduce_kernel(
     if SWIGLU:
         acc_u = _sum_splits(p_ptrs + I_OFF, mask, stride_ps, SPLIT_K)
         acc = _silu_mul(_round_to(acc, out_ty), _round_to(acc_u, out_ty))
-    tl.store(y_ptr + t * stride_yt + offs, acc.to(out_ty), mask=mask)
+    y = _add_residual(acc.to(out_ty), r_ptr + t * stride_rt + offs, mask, RESIDUAL)
+    tl.store(y_ptr + t * stride_yt + offs, y, mask=mask)
 
 
 @triton.jit
 def _gemm_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, K, I_OFF, stride_xm, stride_wn, stride_ym,
+    x_ptr, w_ptr, y_ptr, r_ptr, M, N, K, I_OFF, stride_xm, stride_wn, stride_ym, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
+    SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of y (N = output columns; I when SWIGLU, whose program also
-    computes the matching up tile at weight rows I_OFF + n)."""
+    computes the matching up tile at weight rows I_OFF + n); RESIDUAL adds ``r`` (y's shape) to the
+    rounded tile."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -359,8 +425,10 @@ def _gemm_kernel(
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
         acc = _silu_mul(_round_to(acc, out_ty), _round_to(acc_u, out_ty))
-    y_ptrs = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(out_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    r_ptrs = r_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :]
+    y = _add_residual(acc.to(out_ty), r_ptrs, mask, RESIDUAL)
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], y, mask=mask)
 
 
 # -- launchers ----------------------------------------------------------------------------------
@@ -381,28 +449,38 @@ def linear(
     *,
     out_dtype: torch.dtype | None = None,
     epilogue: str = "none",
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: GemvConfig | GemmConfig | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """``y = x W^T`` with float32 accumulation, and an optional fused SwiGLU epilogue.
+    """``y = norm(x) W^T (+ residual)`` with float32 accumulation, an optional RMSNorm prologue and
+    SwiGLU / residual epilogues.
 
     - ``x``: ``[T, K]``, float16 / bfloat16 / float32, unit column stride (any row stride: a row
       slice works). ``w``: ``[N, K]`` row-major contiguous (nn.Linear layout), same dtype as ``x``.
     - ``out_dtype``: ``x.dtype`` (default) or ``torch.float32`` (lm_head logits: the float32
       accumulator is stored directly, never rounded through the model dtype).
+    - ``norm_weight`` ``[K]`` (x's dtype): x is RMS-normalized first, ``eps`` inside the root, as
+      ``norm.rms_norm`` rounds it. T <= 16: in the GEMV's prologue (each program reduces the whole
+      row from L2, then normalizes each chunk as it loads it); T > 16: ``norm.rms_norm`` first.
     - ``epilogue="none"``: returns ``[T, N]``. ``epilogue="swiglu"``: ``w`` is the fused
       ``[gate; up]`` weight (N = 2I rows); returns ``[T, I]`` = ``silu(gate) * up`` of the two
-      halves, each rounded to ``out_dtype`` first; bit-identical to
-      ``swiglu.silu_mul(linear(x, w, out_dtype=out_dtype))``.
+      halves, each rounded to ``out_dtype`` first.
+    - ``residual`` ``[T, N or I]`` (x's dtype, unit column stride): returns ``round(y + residual)``
+      (``out`` may be ``residual``).
+    - Bit for bit :func:`linear_unfused` (the chain ``rms_norm``, ``linear``, ``silu_mul``, ``add``).
     - T <= 16: GEMV kernel (+ split-K reduce kernel for few-row weights); T > 16: GEMM kernel.
       Tiles come from ``gemv_config(N, K, T)`` / ``gemm_config(T, N, K)`` on the weight's shape.
+      Every launch turns floating-point contraction off (the norm's sums must round as norm.py's).
     - ``out``: optional preallocated ``[T, N or I]`` output of ``out_dtype`` with unit column
       stride. ``config``: override of the rule's tiles, for tests and tuning only (pass the same one
       to a fused and an unfused call to keep them bit-identical).
-    - ``pdl``: launch the GEMV path with programmatic dependent launch (Hopper and newer, CUDA only;
-      ignored elsewhere): the kernel lets the next one start early, and issues its first weight
-      loads before waiting for the kernel before it. Same results bit for bit.
+    - ``pdl``: launch with programmatic dependent launch (Hopper and newer, CUDA only; ignored
+      elsewhere): the kernel lets the next one start early, and issues its first weight loads
+      before waiting for the kernel before it. Same results bit for bit.
     """
     assert epilogue in EPILOGUES, f"unknown epilogue {epilogue!r}; valid: {', '.join(EPILOGUES)}"
     assert x.dim() == 2 and w.dim() == 2, f"x must be [T, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
@@ -420,6 +498,16 @@ def linear(
     assert not swiglu or n_w % 2 == 0, f"swiglu needs an even number of weight rows, got {n_w}"
     n_out = n_w // 2 if swiglu else n_w
     i_off = n_out if swiglu else 0
+    if norm_weight is not None:
+        assert norm_weight.shape == (K,) and norm_weight.dtype == x.dtype and norm_weight.is_contiguous(), (
+            f"norm_weight must be ({K},) {x.dtype} contiguous, got {tuple(norm_weight.shape)} {norm_weight.dtype}"
+        )
+        assert K % 2 == 0, f"the RMSNorm prologue needs an even K, got {K}"
+    if residual is not None:
+        assert residual.shape == (T, n_out) and residual.dtype == out_dtype == x.dtype, (
+            f"residual must be [{T}, {n_out}] {x.dtype}, got {tuple(residual.shape)} {residual.dtype}"
+        )
+        assert residual.stride(1) == 1 or n_out == 1, "residual must have unit column stride"
     if out is None:
         out = torch.empty((T, n_out), dtype=out_dtype, device=x.device)
     assert out.shape == (T, n_out) and out.dtype == out_dtype and out.device == x.device, (
@@ -430,48 +518,101 @@ def linear(
         return out
     assert K > 0, "K must be positive"
     dot_f32 = _dot_f32(x)
+    pdl = use_pdl(pdl, x.device)
     if T <= GEMV_MAX_TOKENS:
         cfg = config or gemv_config(n_w, K, T, _sms(x))
         assert isinstance(cfg, GemvConfig), "T <= 16 takes a GemvConfig"
-        _launch_gemv(x, w, out, cfg, n_out, i_off, swiglu, dot_f32, use_pdl(pdl, x.device))
+        _launch_gemv(x, w, out, norm_weight, eps, residual, cfg, n_out, i_off, swiglu, dot_f32, pdl)
     else:
         cfg = config or gemm_config(T, n_w, K, _sms(x))
         assert isinstance(cfg, GemmConfig), "T > 16 takes a GemmConfig"
-        _launch_gemm(x, w, out, cfg, n_out, i_off, swiglu, dot_f32)
+        if norm_weight is not None:
+            x = rms_norm(x, norm_weight, eps, pdl=pdl)
+        _launch_gemm(x, w, out, residual, cfg, n_out, i_off, swiglu, dot_f32)
     return out
 
 
-def _launch_gemv(x, w, out, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool,
-                 pdl: bool = False) -> None:
+def norm_warps(T: int, N: int, K: int, config: GemvConfig | GemmConfig | None = None,
+               sms: int = DEFAULT_NUM_SMS) -> int | None:
+    """The ``num_warps`` of the RMSNorm that ``linear(x, w, norm_weight=...)`` applies to ``x`` ``[T,
+    K]`` for a weight of ``N`` rows: the GEMV's (its prologue reduces with them), or None (T > 16:
+    ``rms_norm``'s own)."""
+    if T > GEMV_MAX_TOKENS:
+        return None
+    return (config or gemv_config(N, K, T, sms)).num_warps
+
+
+def linear_unfused(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    out_dtype: torch.dtype | None = None,
+    epilogue: str = "none",
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
+    config: GemvConfig | GemmConfig | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """:func:`linear` as the chain of one kernel per op: ``rms_norm`` (launched with the warps of
+    the GEMV's prologue, :func:`norm_warps`), ``linear``, ``silu_mul``, ``add``. Same bits; the
+    baseline the fused kernel is measured against."""
+    T, K = x.shape
+    if norm_weight is not None:
+        warps = norm_warps(T, w.shape[0], K, config, _sms(x))
+        x = rms_norm(x, norm_weight, eps, pdl=pdl, num_warps=warps)
+    y = linear(x, w, out_dtype=out_dtype, config=config, pdl=pdl)
+    if epilogue == "swiglu":
+        y = silu_mul(y, pdl=pdl)
+    if residual is not None:
+        y = add(y, residual, pdl=pdl)
+    return y
+
+
+def _launch_gemv(x, w, out, norm_weight, eps: float, residual, cfg: GemvConfig, n_out: int, i_off: int,
+                 swiglu: bool, dot_f32: bool, pdl: bool) -> None:
     T, K = x.shape
     n_w = w.shape[0]
     use_dot = T > 1
     k_blocks = triton.cdiv(K, cfg.block_k)
     kb_per_split = triton.cdiv(k_blocks, cfg.split_k)
     split = triton.cdiv(k_blocks, kb_per_split)  # no empty split
+    norm = norm_weight is not None
+    has_residual = residual is not None
+    nw = norm_weight if norm else w
+    r = residual if has_residual else out
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, PDL=pdl, **launch_options(pdl))
+                  USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
+                  NORM=norm, NORM_K=K if norm else 0, NORM_HALF=norm_launch_config(K, 1)[1] if norm else 1,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False,
+                  **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)
-        _gemv_kernel[grid](x, w, out, T, n_out, K, i_off, kb_per_split,
-                           x.stride(0), w.stride(0), 0, out.stride(0), SWIGLU=swiglu, **consts)
+        _gemv_kernel[grid](x, w, out, nw, r, T, n_out, K, i_off, kb_per_split, eps,
+                           x.stride(0), w.stride(0), 0, out.stride(0), r.stride(0),
+                           SWIGLU=swiglu, RESIDUAL=has_residual, **consts)
         return
-    # Split-K: the partial kernel is the unfused one over all weight rows, for both epilogues.
+    # Split-K: the partial kernel is the unfused one over all weight rows (the prologue included);
+    # the epilogues run in the reduce.
     part = torch.empty((split, T, n_w), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n_w, cfg.block_n), split)
-    _gemv_kernel[grid](x, w, part, T, n_w, K, 0, kb_per_split,
-                       x.stride(0), w.stride(0), part.stride(0), part.stride(1), SWIGLU=False, **consts)
+    _gemv_kernel[grid](x, w, part, nw, part, T, n_w, K, 0, kb_per_split, eps,
+                       x.stride(0), w.stride(0), part.stride(0), part.stride(1), 0,
+                       SWIGLU=False, RESIDUAL=False, **consts)
     grid = (T, triton.cdiv(n_out, REDUCE_BLOCK))
-    _splitk_reduce_kernel[grid](part, out, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
-                                SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, num_warps=4, PDL=pdl,
+    _splitk_reduce_kernel[grid](part, out, r, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
+                                r.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl,
+                                RESIDUAL=has_residual, num_warps=4, enable_fp_fusion=False,
                                 **launch_options(pdl))
 
 
-def _launch_gemm(x, w, out, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool) -> None:
+def _launch_gemm(x, w, out, residual, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
+                 dot_f32: bool) -> None:
     M, K = x.shape
+    r = residual if residual is not None else out
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(n_out, cfg.block_n),)
-    _gemm_kernel[grid](x, w, out, M, n_out, K, i_off, x.stride(0), w.stride(0), out.stride(0),
+    _gemm_kernel[grid](x, w, out, r, M, n_out, K, i_off, x.stride(0), w.stride(0), out.stride(0), r.stride(0),
                        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                        SWIGLU=swiglu, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0,
-                       num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                       RESIDUAL=residual is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                       enable_fp_fusion=False)

@@ -1,24 +1,24 @@
-"""RMSNorm, residual add, and the fused residual add + RMSNorm; twin: backends/reference/norm.py.
+"""RMSNorm and the residual add; twin: backends/reference/norm.py.
 
 Tiling and grid: a program holds whole vectors in registers, each loaded as its two halves
 (channels ``0..N/2`` and ``N/2..N``, ``BLOCK_HALF = next_pow2(N / 2)`` wide, masked): the q/k
 kernels of attention_inputs.py rotate those halves for RoPE without a shuffle. Rows of ``[T, H]``
-(``rms_norm`` on 2-D input, and ``add_rms_norm``: one kernel, ``_row_rms_norm_kernel``): one row a
-program, ``[1, BLOCK_HALF]`` tiles, grid ``(T,)``, 8 warps for H = 2,560 or 4,096. Heads of
-``[T, heads, D]`` (``_rms_norm_kernel``): ``BLOCK_H`` heads of one token a program,
-``[BLOCK_H, BLOCK_HALF]`` tiles reduced along the channels, grid ``(T, cdiv(heads, BLOCK_H))``;
-``BLOCK_H = min(next_pow2(heads), 1024 / (2 BLOCK_HALF))`` (8 heads of 128, 2 warps). The fused
-q/k kernels use the same tiles. :func:`norm_launch_config` gives ``(BLOCK_H, BLOCK_HALF,
-num_warps)`` from ``(N, heads)`` alone for all of them. ``add`` is a flat elementwise kernel,
-1,024 elements a program.
+(``_row_rms_norm_kernel``): one row a program, ``[1, BLOCK_HALF]`` tiles, grid ``(T,)``, 8 warps for
+H = 2,560 or 4,096 unless the caller passes its own ``num_warps``. Heads of ``[T, heads, D]``
+(``_rms_norm_kernel``): ``BLOCK_H`` heads of one token a program, ``[BLOCK_H, BLOCK_HALF]`` tiles
+reduced along the channels, grid ``(T, cdiv(heads, BLOCK_H))``; ``BLOCK_H = min(next_pow2(heads),
+1024 / (2 BLOCK_HALF))`` (8 heads of 128, 2 warps). The fused q/k kernel uses the same tiles.
+:func:`norm_launch_config` gives ``(BLOCK_H, BLOCK_HALF, num_warps)`` from ``(N, heads)`` alone for
+all of them. ``add`` is a flat elementwise kernel, 1,024 elements a program.
 
 Arithmetic (Hugging Face Qwen3, as the twin): ``x`` in float32, ``x * rsqrt(mean(x^2) + eps)``,
 rounded to the model dtype, then multiplied by the weight in the model dtype (float32 product of
-the two rounded values, rounded once more). The residual sum is ``round(x + r)``, and the fused
-kernel normalizes that rounded sum, so ``add_rms_norm`` equals ``rms_norm(add(x, r))`` bit for bit:
-both run :func:`_rms_norm_halves` on the same tiles with the same ``num_warps`` (the same
-``tl.sum`` layout), and every launch turns floating-point contraction off (``enable_fp_fusion=False``)
-so that no kernel fuses a multiply-add that its twin does not.
+the two rounded values, rounded once more). The residual sum is ``round(x + r)``. The GEMV of
+linear.py normalizes its input in its prologue with the helpers here (:func:`_load_row_halves`,
+:func:`_rstd_halves`, :func:`_scale_normalized`) on the same ``[1, BLOCK_HALF]`` row tiles; given
+the same ``num_warps`` the sums have the same ``tl.sum`` layout, hence the same roundings, and
+every launch turns floating-point contraction off (``enable_fp_fusion=False``) so that no kernel
+fuses a multiply-add that its twin does not.
 
 Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): the kernels let the
 next kernel launch at their start, load the norm weight (immutable) before the grid dependency
@@ -59,16 +59,41 @@ def _add_round(x, r, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _rstd_halves(a, b, N: tl.constexpr, eps):
+    """``rsqrt(mean(x^2) + eps)`` of the rows of ``(a, b)`` (float32 ``[BLOCK_H, BLOCK_HALF]`` halves
+    of vectors of length ``N``, 0 where masked): ``[BLOCK_H, 1]``. The order of the sum depends on
+    the tiles and ``num_warps`` only: every caller that must round alike uses the same ones."""
+    ss = tl.sum(a * a, axis=1, keep_dims=True) + tl.sum(b * b, axis=1, keep_dims=True)
+    return tl.math.rsqrt(ss / N + eps)
+
+
+@triton.jit
+def _scale_normalized(x, rstd, w, DTYPE: tl.constexpr):
+    """``round(w * round(x * rstd))`` in DTYPE, from float32 ``x`` and ``w`` (the model-dtype
+    weight's values); elementwise, so any tile of ``x`` gives the same bits."""
+    return (w * (x * rstd).to(DTYPE).to(tl.float32)).to(DTYPE)
+
+
+@triton.jit
 def _rms_norm_halves(a, b, wa, wb, N: tl.constexpr, eps, DTYPE: tl.constexpr):
     """RMSNorm of the rows of ``(a, b)``: float32 ``[BLOCK_H, BLOCK_HALF]`` tiles holding the two
     halves of ``BLOCK_H`` vectors of length ``N`` (0 where masked), with weight halves ``wa``,
     ``wb`` (``[1, BLOCK_HALF]``, float32 values of the model-dtype weight). Returns both halves in
     ``DTYPE``: ``round(w * round(x * rsqrt(mean(x^2) + eps)))``."""
-    ss = tl.sum(a * a, axis=1, keep_dims=True) + tl.sum(b * b, axis=1, keep_dims=True)
-    rstd = tl.math.rsqrt(ss / N + eps)
-    na = (a * rstd).to(DTYPE).to(tl.float32)
-    nb = (b * rstd).to(DTYPE).to(tl.float32)
-    return (wa * na).to(DTYPE), (wb * nb).to(DTYPE)
+    rstd = _rstd_halves(a, b, N, eps)
+    return _scale_normalized(a, rstd, wa, DTYPE), _scale_normalized(b, rstd, wb, DTYPE)
+
+
+@triton.jit
+def _load_row_halves(row_ptr, N: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """The two halves of the ``[N]`` vector at ``row_ptr`` as float32 ``[1, BLOCK_HALF]`` tiles (0
+    where masked): how every row RMSNorm (the row kernel here, the GEMV prologue of linear.py)
+    loads the row it reduces, so that their sums run on the same layout."""
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = offs < N // 2
+    a = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(row_ptr + N // 2 + offs, mask=mask, other=0.0).to(tl.float32)
+    return a, b
 
 
 @triton.jit
@@ -122,36 +147,19 @@ def _add_kernel(x_ptr, r_ptr, out_ptr, n_elements, BLOCK: tl.constexpr, PDL: tl.
 
 @triton.jit
 def _row_rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr,
-    stride_x_t, stride_r_t, stride_o_t, stride_s_t,
-    eps,
-    N: tl.constexpr, BLOCK_HALF: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, stride_x_t, stride_o_t, eps,
+    N: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):
-    # rms_norm of [T, H] rows (HAS_RESIDUAL False) and the fused add_rms_norm are this one kernel,
-    # so the fused sum is normalized exactly as rms_norm normalizes add's output
     if PDL:
         gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = offs < N // 2
-    dtype = out_ptr.dtype.element_ty
-    wa = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    wb = tl.load(w_ptr + N // 2 + offs, mask=mask, other=0.0).to(tl.float32)
+    wa, wb = _load_weight_halves(w_ptr, offs, N)
     if PDL:
-        gdc_wait()  # x and the residual may be outputs of earlier kernels
-    x = x_ptr + t * stride_x_t + offs
-    a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(x + N // 2, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = r_ptr + t * stride_r_t + offs
-        sa = _add_round(a, tl.load(r, mask=mask, other=0.0).to(tl.float32), dtype)
-        sb = _add_round(b, tl.load(r + N // 2, mask=mask, other=0.0).to(tl.float32), dtype)
-        s = sum_ptr + t * stride_s_t + offs
-        tl.store(s, sa, mask=mask)
-        tl.store(s + N // 2, sb, mask=mask)
-        a = sa.to(tl.float32)
-        b = sb.to(tl.float32)
-    ya, yb = _rms_norm_halves(a, b, wa, wb, N, eps, dtype)
+        gdc_wait()  # x may be the output of the kernel before
+    a, b = _load_row_halves(x_ptr + t * stride_x_t, N, BLOCK_HALF)
+    ya, yb = _rms_norm_halves(a, b, wa, wb, N, eps, out_ptr.dtype.element_ty)
     o = out_ptr + t * stride_o_t + offs
     tl.store(o, ya, mask=mask)
     tl.store(o + N // 2, yb, mask=mask)
@@ -183,12 +191,15 @@ def _check_vector_op(x: torch.Tensor, weight: torch.Tensor) -> int:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None,
-             pdl: bool = False) -> torch.Tensor:
+             pdl: bool = False, num_warps: int | None = None) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` ``[T, H]`` or ``[T, heads, D]`` (any strides but a
     contiguous last dim), ``weight`` ``[last]`` in x's dtype. Returns ``out`` (new and contiguous
     unless given), x's shape and dtype: ``weight * round(x * rsqrt(mean(x^2) + eps))``.
     ``pdl``: programmatic dependent launch where supported (the weight must be immutable: it is
-    read before the wait for the kernel before); same bits."""
+    read before the wait for the kernel before); same bits. ``num_warps`` (``[T, H]`` only):
+    launch the row kernel with these warps instead of ``norm_launch_config``'s; the order of the
+    sum of squares depends on them, and the unfused chain of linear.py passes the GEMV's so that
+    its norm rounds like the GEMV's norm prologue."""
     assert x.dim() in (2, 3), f"x must be [T, H] or [T, heads, D], got {tuple(x.shape)}"
     n = _check_vector_op(x, weight)
     out = _check_out(out, x, "out")
@@ -196,33 +207,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
         return out
     pdl = use_pdl(pdl, x.device)
     if x.dim() == 2:
-        _launch_rows(x, None, weight, out, None, eps, pdl)
+        _, block_half, warps = norm_launch_config(n, 1)
+        _row_rms_norm_kernel[(x.shape[0],)](
+            x, weight, out, x.stride(0), out.stride(0), eps,
+            N=n, BLOCK_HALF=block_half, PDL=pdl,
+            num_warps=num_warps or warps, enable_fp_fusion=False, **launch_options(pdl),
+        )
         return out
+    assert num_warps is None, "num_warps is for [T, H] rows"
     t, heads, _ = x.shape
-    block_h, block_half, num_warps = norm_launch_config(n, heads)
+    block_h, block_half, warps = norm_launch_config(n, heads)
     _rms_norm_kernel[(t, triton.cdiv(heads, block_h))](
         x, weight, out,
         x.stride(0), x.stride(1), out.stride(0), out.stride(1),
         eps,
         HEADS=heads, N=n, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
-        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
+        num_warps=warps, enable_fp_fusion=False, **launch_options(pdl),
     )
     return out
-
-
-def _launch_rows(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, out: torch.Tensor,
-                 sum_out: torch.Tensor | None, eps: float, pdl: bool) -> None:
-    t, n = x.shape
-    block_h, block_half, num_warps = norm_launch_config(n, 1)
-    has_residual = residual is not None
-    r, s = (residual, sum_out) if has_residual else (x, out)
-    _row_rms_norm_kernel[(t,)](
-        x, r, weight, out, s,
-        x.stride(0), r.stride(0), out.stride(0), s.stride(0),
-        eps,
-        N=n, BLOCK_HALF=block_half, HAS_RESIDUAL=has_residual, PDL=pdl,
-        num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
-    )
 
 
 def add(x: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -241,28 +243,3 @@ def add(x: torch.Tensor, residual: torch.Tensor, *, out: torch.Tensor | None = N
         _add_kernel[(triton.cdiv(n, ADD_BLOCK),)](x, residual, out, n, BLOCK=ADD_BLOCK, PDL=pdl, num_warps=4,
                                                  enable_fp_fusion=False, **launch_options(pdl))
     return out
-
-
-def add_rms_norm(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    *,
-    out: torch.Tensor | None = None,
-    sum_out: torch.Tensor | None = None,
-    pdl: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One kernel: ``s = round(x + residual)``; returns ``(rms_norm(s, weight, eps), s)``, bit for
-    bit ``rms_norm(add(x, residual), weight, eps)``. ``x``, ``residual`` ``[T, H]`` (contiguous last
-    dim). ``sum_out`` may be ``residual`` itself (each row is read before it is written). ``pdl``:
-    as for :func:`rms_norm`."""
-    assert x.dim() == 2, f"x must be [T, H], got {tuple(x.shape)}"
-    _check_vector_op(x, weight)
-    assert residual.shape == x.shape and residual.dtype == x.dtype and residual.device == x.device
-    assert residual.stride(-1) == 1, "residual must be contiguous in its last dim"
-    out = _check_out(out, x, "out")
-    sum_out = _check_out(sum_out, x, "sum_out")
-    if x.numel():
-        _launch_rows(x, residual, weight, out, sum_out, eps, use_pdl(pdl, x.device))
-    return out, sum_out

@@ -1,4 +1,4 @@
-"""The five interfaces that implementations plug into, plus the small-ops set.
+"""The five interfaces that implementations plug into.
 
 Each module defines one abstract class and the plain data it exchanges; implementations live in
 tileinfer.plugins (built in) or in third-party packages, and are selected by name in the config.
@@ -6,8 +6,7 @@ tileinfer.plugins (built in) or in third-party packages, and are selected by nam
 
 from tileinfer.interfaces.attention import Attention, AttentionSpec, RopeTable, Step
 from tileinfer.interfaces.kv_store import KVGeometry, KVStore, LayerKV
-from tileinfer.interfaces.linear import EPILOGUES, QUANTIZE_MODES, Linear
-from tileinfer.interfaces.ops import Ops
+from tileinfer.interfaces.linear import EPILOGUES, QUANTIZE_MODES, Linear, RMSNorm
 from tileinfer.interfaces.proposer import Draft, Proposer, ProposerContext
 from tileinfer.interfaces.sampler import Sample, Sampler, SamplingParams
 
@@ -20,10 +19,10 @@ __all__ = [
     "KVStore",
     "LayerKV",
     "Linear",
-    "Ops",
     "Proposer",
     "ProposerContext",
     "QUANTIZE_MODES",
+    "RMSNorm",
     "RopeTable",
     "Sample",
     "Sampler",

@@ -1,8 +1,10 @@
-"""Linear: y = x W^T for one projection of the model, with an optional fused epilogue."""
+"""Linear: y = x W^T for one projection of the model, with the RMSNorm before it and the epilogues
+after it (SwiGLU, the residual add) that an implementation may fuse."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -11,6 +13,16 @@ from tileinfer.errors import ConfigError
 
 EPILOGUES = ("none", "swiglu")
 QUANTIZE_MODES = ("none", "int8")
+
+
+@dataclass(frozen=True)
+class RMSNorm:
+    """An RMSNorm applied to a Linear's input: ``weight`` ``[in_features]`` in the model dtype,
+    ``eps`` inside the root (Hugging Face Qwen3's arithmetic: normalize in float32, round to the
+    model dtype, multiply by the weight, round)."""
+
+    weight: torch.Tensor
+    eps: float
 
 
 class Linear(ABC):
@@ -29,6 +41,11 @@ class Linear(ABC):
     - ``quantize="int8"``: weight-only, symmetric, one int8 row and one float32 scale per output
       channel, quantized here at construction. An implementation lists what it supports in
       ``supported_quantize``.
+    - ``norm``: the input is RMS-normalized first, ``y = rms_norm(x) W^T`` (the model's
+      input_layernorm before qkv, post_attention_layernorm before gate_up, the final norm before
+      the lm_head), so that an implementation may fuse the norm into its kernel.
+    - A call with ``residual`` (``[T, out_features]``, model dtype; only with model-dtype output)
+      returns ``residual + y``, rounded once (the decoder's residual stream after o_proj and down).
     """
 
     supported_quantize: ClassVar[tuple[str, ...]] = ("none",)
@@ -40,6 +57,7 @@ class Linear(ABC):
         epilogue: str = "none",
         out_dtype: torch.dtype | None = None,
         quantize: str = "none",
+        norm: RMSNorm | None = None,
     ) -> None:
         if epilogue not in EPILOGUES:
             raise ConfigError(f"unknown linear epilogue {epilogue!r}; valid: {', '.join(EPILOGUES)}")
@@ -58,8 +76,12 @@ class Linear(ABC):
         self.quantize = quantize
         self.dtype = weight.dtype
         self.out_dtype = out_dtype or weight.dtype
+        if norm is not None and norm.weight.shape != (self.in_features,):
+            raise ValueError(f"norm weight must be [{self.in_features}], got {tuple(norm.weight.shape)}")
+        self.norm = norm
 
     @abstractmethod
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: ``[T, in_features]`` in the model dtype -> ``[T, out_features]`` in ``out_dtype``."""
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x``: ``[T, in_features]`` in the model dtype -> ``[T, out_features]`` in ``out_dtype``
+        (plus ``residual`` when given)."""
 

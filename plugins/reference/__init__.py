@@ -9,11 +9,9 @@ def tileinfer_implementations() -> list[Implementation]:
     here = "tileinfer.plugins.reference"
     return [
         Implementation("linear", "reference", f"{here}.linear:ReferenceLinear",
-                       "torch matmul (cuBLAS), separate SwiGLU; INT8 by dequantize + matmul"),
+                       "torch RMSNorm, matmul (cuBLAS), SwiGLU, residual add; INT8 by dequantize + matmul"),
         Implementation("attention", "reference", f"{here}.attention:ReferenceAttention",
                        "gathers the pages into dense K, V and materializes the scores"),
         Implementation("sampler", "reference", f"{here}.sampler:ReferenceSampler",
                        "greedy, temperature, top-k, top-p, min-p in torch"),
-        Implementation("ops", "reference", f"{here}.ops:ReferenceOps",
-                       "embedding, RMSNorm, residual add + RMSNorm as separate torch ops"),
     ]

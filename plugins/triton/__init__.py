@@ -1,10 +1,12 @@
-"""Plugin ``triton``: Triton kernels for the Linear, Attention and Ops interfaces.
+"""Plugin ``triton``: Triton kernels for the Linear and Attention interfaces.
 
 Three levels, each a registered name, so that each row of the seed's ablation is a config:
 ``triton`` (one kernel per op), ``triton_refattn`` (per-op kernels with the reference attention)
-and ``triton_fused`` (SwiGLU in the GEMV/GEMM epilogue, residual add + RMSNorm in one kernel,
-q/k norm + RoPE + KV write in two kernels). On a CPU without ``TRITON_INTERPRET=1`` they run
-their torch reference twins, with a one-line notice.
+and ``triton_fused`` (the RMSNorm in the GEMV's prologue, SwiGLU and the residual add in the
+GEMV/GEMM epilogue,
+q/k norm + RoPE + KV write in one kernel). On a CPU without ``TRITON_INTERPRET=1`` they run
+their torch reference twins, with a one-line notice. ``linear=cublas`` puts torch's matmul between
+the per-op Triton kernels.
 """
 
 from tileinfer import hookimpl
@@ -16,15 +18,15 @@ def tileinfer_implementations() -> list[Implementation]:
     here = "tileinfer.plugins.triton"
     return [
         Implementation("linear", "triton", f"{here}.linear:TritonLinear",
-                       "Triton GEMV (<= 16 tokens) / GEMM; SwiGLU as a kernel of its own"),
+                       "Triton GEMV (<= 16 tokens) / GEMM; RMSNorm, SwiGLU, residual add as kernels of their own"),
         Implementation("linear", "triton_fused", f"{here}.linear:TritonFusedLinear",
-                       "Triton GEMV / GEMM with SwiGLU in the epilogue"),
+                       "Triton GEMV with RMSNorm prologue, SwiGLU / residual epilogues (one kernel); GEMM"),
+        Implementation("linear", "cublas", f"{here}.linear:CublasLinear",
+                       "torch matmul (cuBLAS) between Triton RMSNorm, SwiGLU and residual-add kernels"),
         Implementation("attention", "triton_refattn", f"{here}.attention:TritonRefAttention",
                        "Triton q/k norm, RoPE and KV write kernels; reference dense attention"),
         Implementation("attention", "triton", f"{here}.attention:TritonAttention",
                        "Triton per-op input kernels; paged flash attention (prefill; split-KV decode <= 16 tokens)"),
         Implementation("attention", "triton_fused", f"{here}.attention:TritonFusedAttention",
-                       "q/k norm + RoPE + KV write in 2 kernels; paged flash attention"),
-        Implementation("ops", "triton", f"{here}.ops:TritonOps", "Triton RMSNorm; residual add and RMSNorm as two kernels"),
-        Implementation("ops", "triton_fused", f"{here}.ops:TritonFusedOps", "Triton RMSNorm; residual add + RMSNorm fused"),
+                       "q/k norm + RoPE + KV write in one kernel; paged flash attention"),
     ]

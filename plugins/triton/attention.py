@@ -4,7 +4,8 @@
 reference dense attention. ``TritonAttention``: the same inputs, then paged flash attention read
 in place through the block table: the split-KV decode kernels for steps of up to 16 tokens
 (decode and speculative verify), the prefill kernel above. ``TritonFusedAttention``: the inputs in
-two kernels (q norm + RoPE; k norm + RoPE + KV write), bit-identical to the per-op chain.
+one kernel launch (q norm + RoPE; k norm + RoPE + KV write; two launches of it where the q and kv
+heads' norm tiles differ, few heads), bit-identical to the per-op chain.
 Every Triton kernel is launched with programmatic dependent launch where the weights' device
 supports it (Hopper and newer, compiled; backends/triton/pdl.py), decided once at construction.
 """

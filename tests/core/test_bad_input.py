@@ -12,7 +12,7 @@ import tileinfer
 from tileinfer.errors import CheckpointError, ConfigError, UsageError
 
 # the reference implementations, eager: what these tests mean (the default config is the Triton engine)
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference", "ops=reference",
+BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
         "cuda_graphs=false", "pipelined=false"]
 
 
@@ -102,7 +102,7 @@ def test_missing_tensor_and_missing_shard(tmp_path, checkpoint_factory):
 def test_unknown_key_and_unknown_name(tiny_checkpoint):
     with pytest.raises(ConfigError, match="unknown config key 'lineaar'"):
         engine_for(tiny_checkpoint, "lineaar=reference")
-    with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: reference"):
+    with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: cublas, reference, triton, triton_fused"):
         engine_for(tiny_checkpoint, "linear=fast")
 
 

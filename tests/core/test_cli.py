@@ -11,7 +11,7 @@ import tileinfer
 from tileinfer.cli import main
 
 # the reference implementations, eager: what these tests mean (the default config is the Triton engine)
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference", "ops=reference",
+BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
         "cuda_graphs=false", "pipelined=false"]
 
 
@@ -61,7 +61,7 @@ def test_plugins_lists_every_interface_with_its_provider(capsys):
     rows = json.loads(out)
     found = {(r["interface"], r["name"]): r for r in rows}
     for key in [("linear", "reference"), ("attention", "reference"), ("kv_store", "paged"),
-                ("kv_store", "paged_int8"), ("sampler", "reference"), ("proposer", "ngram"), ("ops", "reference")]:
+                ("kv_store", "paged_int8"), ("sampler", "reference"), ("proposer", "ngram")]:
         assert key in found
     assert found[("proposer", "ngram")]["plugin"] == "tileinfer.plugins.ngram"
 

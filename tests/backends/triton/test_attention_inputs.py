@@ -1,7 +1,9 @@
-"""The fused attention inputs (backends/triton/attention_inputs.py): ``q_norm_rope`` and
-``k_norm_rope_write`` against the reference chain of plugins/reference/attention.py (split qkv,
-``rms_norm`` of q and k heads, ``apply_rope``, ``write_pages``), and bit for bit against the unfused
-Triton chain ``attention_inputs_unfused`` (copies, ``rms_norm``, ``apply_rope``, ``write_kv``).
+"""The fused attention inputs (backends/triton/attention_inputs.py): ``attention_inputs`` (one
+launch where the q and kv heads share ``norm_launch_config``, else two) and the launches of its
+parts, ``q_norm_rope`` and ``k_norm_rope_write``, against the reference chain of
+plugins/reference/attention.py (split qkv, ``rms_norm`` of q and k heads, ``apply_rope``,
+``write_pages``), and bit for bit against the unfused Triton chain ``attention_inputs_unfused``
+(copies, ``rms_norm``, ``apply_rope``, ``write_kv``).
 
 q and the pages are poisoned with NaN before each launch, so an unwritten element fails; the block
 table is a random page permutation and positions cross page boundaries.
@@ -17,12 +19,14 @@ import torch
 from tileinfer.backends.reference.kv_cache import write_pages as ref_write_pages
 from tileinfer.backends.reference.norm import rms_norm as ref_rms_norm
 from tileinfer.backends.reference.rope import apply_rope as ref_apply_rope
+from tileinfer.backends.triton import attention_inputs as attention_inputs_module
 from tileinfer.backends.triton.attention_inputs import (
     attention_inputs,
     attention_inputs_unfused,
     k_norm_rope_write,
     q_norm_rope,
 )
+from tileinfer.backends.triton.norm import norm_launch_config
 from tileinfer.model import rope_table
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,8 +67,11 @@ class Case:
         return (torch.full(self.page_shape, nan, dtype=self.dtype, device=DEVICE),
                 torch.full(self.page_shape, nan, dtype=self.dtype, device=DEVICE))
 
+    def nan_q(self):
+        return torch.full((self.t, self.heads, self.d), float("nan"), dtype=self.dtype, device=DEVICE)
+
     def args(self):
-        """The tail of the argument list shared by the fused pair and the unfused chain."""
+        """The tail of the argument list shared by the fused launches and the unfused chain."""
         return self.heads, self.kv_heads, self.d, EPS
 
     def reference(self):
@@ -80,9 +87,17 @@ class Case:
         ref_write_pages(v_pages, self.block_table, self.positions, v.reshape(t, self.kv_heads, d))
         return q, k_pages, v_pages
 
-    def fused(self):
+    def fused(self, qkv=None):
+        """``attention_inputs``, on ``qkv`` (a view of the same values) if given."""
+        k_pages, v_pages = self.pages()
+        q = attention_inputs(self.qkv if qkv is None else qkv, self.q_w, self.k_w, self.table.cos, self.table.sin,
+                             self.positions, k_pages, v_pages, self.block_table, *self.args(), out=self.nan_q())
+        return q, k_pages, v_pages
+
+    def parts(self):
+        """The two launches of ``attention_inputs``' parts, each with its own heads' tiles."""
         q = q_norm_rope(self.qkv, self.q_w, self.table.cos, self.table.sin, self.positions, *self.args(),
-                        out=torch.full((self.t, self.heads, self.d), float("nan"), dtype=self.dtype, device=DEVICE))
+                        out=self.nan_q())
         k_pages, v_pages = self.pages()
         k_norm_rope_write(self.qkv, self.k_w, self.table.cos, self.table.sin, self.positions,
                           k_pages, v_pages, self.block_table, *self.args())
@@ -110,19 +125,24 @@ def assert_same(actual, expected):
 
 
 def check(case: Case):
-    q, k_pages, v_pages = case.fused()
     ref_q, ref_k, ref_v = case.reference()
-    assert not q.isnan().any()
-    assert_near_reference(q, ref_q)
-    assert_near_reference(k_pages, ref_k)
-    assert_same(v_pages, ref_v)  # v is copied, bit for bit
     un_q, un_k, un_v = case.unfused()
-    assert torch.equal(q, un_q)
-    assert_same(k_pages, un_k)
-    assert_same(v_pages, un_v)
+    for q, k_pages, v_pages in (case.fused(), case.parts()):
+        assert not q.isnan().any()
+        assert_near_reference(q, ref_q)
+        assert_near_reference(k_pages, ref_k)
+        assert_same(v_pages, ref_v)  # v is copied, bit for bit
+        assert torch.equal(q, un_q)
+        assert_same(k_pages, un_k)
+        assert_same(v_pages, un_v)
 
 
-# (T, heads, kv_heads, head_dim, dtype): every T, group sizes 1, 2, 4, both head dims and dtypes
+def one_launch(heads: int, kv_heads: int, head_dim: int) -> bool:
+    return norm_launch_config(head_dim, heads) == norm_launch_config(head_dim, kv_heads)
+
+
+# (T, heads, kv_heads, head_dim, dtype): every T, group sizes 1, 2, 4, both head dims and dtypes; the
+# q and kv heads' tiles differ (two launches) but where marked: one launch, masked columns included
 CPU_CASES = [
     (1, 2, 2, 128, torch.float16),
     (2, 4, 2, 64, torch.float32),
@@ -133,6 +153,11 @@ CPU_CASES = [
     (33, 4, 2, 64, torch.float16),
     (33, 12, 3, 128, torch.float32),
     (1, 8, 2, 64, torch.float32),
+    (3, 16, 8, 128, torch.float16),  # one launch: 2 q columns, 1 kv column of 8 heads
+    (5, 24, 12, 128, torch.float32),  # one launch: 3 q columns, 2 kv columns (4 heads masked)
+    (4, 12, 6, 256, torch.float16),  # one launch of [4, 128] tiles: 3 q columns, 2 kv columns (2 masked)
+    (2, 32, 8, 128, torch.float16),  # one launch: Qwen3-4B's heads
+    (9, 2, 2, 64, torch.float16),  # one launch: group 1, one column each
 ]
 
 
@@ -143,19 +168,60 @@ def test_attention_inputs(t, heads, kv_heads, head_dim, dtype):
                key=("attention_inputs", t, heads, kv_heads, head_dim, dtype)))
 
 
-def test_fused_pair_helper_and_strided_qkv():
-    """``attention_inputs`` (the pair in one call) on a qkv view whose rows are wider than q|k|v."""
-    case = Case(5, 4, 2, 64, torch.float16, page_size=4, num_pages=4, key=("strided",))
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 64), (16, 8, 128)], ids=["two-launches", "one-launch"])
+def test_attention_inputs_strided_qkv(heads, kv_heads, head_dim):
+    """``attention_inputs`` on a qkv view whose rows are wider than q|k|v."""
+    case = Case(5, heads, kv_heads, head_dim, torch.float16, page_size=4, num_pages=4, key=("strided", heads))
     wide = torch.randn(case.t, case.qkv.shape[1] + 32, generator=gen("wide"), device=DEVICE).to(case.dtype)
     wide[:, 16:16 + case.qkv.shape[1]] = case.qkv
     view = wide[:, 16:16 + case.qkv.shape[1]]
     ref_q, ref_k, ref_v = case.reference()
-    k_pages, v_pages = case.pages()
-    q = attention_inputs(view, case.q_w, case.k_w, case.table.cos, case.table.sin, case.positions,
-                         k_pages, v_pages, case.block_table, *case.args())
+    un_q, un_k, un_v = case.unfused()
+    q, k_pages, v_pages = case.fused(view)
     assert_near_reference(q, ref_q)
     assert_near_reference(k_pages, ref_k)
     assert_same(v_pages, ref_v)
+    assert torch.equal(q, un_q)
+    assert_same(k_pages, un_k)
+    assert_same(v_pages, un_v)
+
+
+class Grids:
+    """A kernel whose launch grids are recorded."""
+
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+# (heads, kv_heads, head_dim, grids of attention_inputs at T = 3): one (T, q + kv columns) where the
+# tiles agree, else the kv columns with the kv heads' BLOCK_H, then the q columns with the q heads'
+LAUNCH_CASES = [
+    (32, 8, 128, [(3, 5)]),
+    (24, 12, 128, [(3, 5)]),
+    (12, 6, 256, [(3, 5)]),
+    (2, 2, 64, [(3, 2)]),
+    (12, 3, 128, [(3, 1), (3, 2)]),  # kv: BLOCK_H 4, 1 warp; q: BLOCK_H 8, 2 warps
+    (4, 2, 64, [(3, 1), (3, 1)]),  # BLOCK_H 2 and 4
+]
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,grids", LAUNCH_CASES,
+                         ids=[f"H{c[0]}-Hkv{c[1]}-D{c[2]}" for c in LAUNCH_CASES])
+def test_launches(monkeypatch, heads, kv_heads, head_dim, grids):
+    """One kernel launch exactly where the q and kv heads' ``norm_launch_config`` agree."""
+    assert (len(grids) == 1) == one_launch(heads, kv_heads, head_dim)
+    kernel = Grids(attention_inputs_module._attention_inputs_kernel)
+    monkeypatch.setattr(attention_inputs_module, "_attention_inputs_kernel", kernel)
+    case = Case(3, heads, kv_heads, head_dim, torch.float16, page_size=4, num_pages=4, key=("launches", heads))
+    q, k_pages, _ = case.fused()
+    assert kernel.grids == grids
+    un_q, un_k, _ = case.unfused()
+    assert torch.equal(q, un_q)
+    assert_same(k_pages, un_k)
 
 
 # -- GPU: bfloat16 at Qwen3-4B's attention shape (32 q heads, 8 kv heads, head_dim 128) --------------

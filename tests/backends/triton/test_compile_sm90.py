@@ -37,36 +37,38 @@ def jobs():
     bf16 = "*bf16"
     nofma = dict(enable_fp_fusion=False)
     out = []
-    for use_dot, swiglu, pdl, even_k in itertools.product([False, True], repeat=4):
+    _, row_half, row_warps = norm_launch_config(HIDDEN, 1)
+    # (SWIGLU, NORM, RESIDUAL, EVEN_K): plain; gate_up (norm prologue + SwiGLU); o_proj / down
+    # (residual epilogue); the norm prologue on a K with a partial last chunk
+    gemv_forms = [(False, False, False, True), (True, True, False, True), (False, False, True, True),
+                  (False, True, False, False)]
+    for use_dot, pdl, (swiglu, norm, residual, even_k) in itertools.product([False, True], [False, True], gemv_forms):
         cfg = L.gemv_config(2560, 4096, 16 if use_dot else 1)
         consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                      USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl)
-        out.append(("gemv", base + "linear", "_gemv_kernel", consts, {}, cfg.num_warps, cfg.num_stages, {}))
+                      USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, NORM=norm,
+                      NORM_K=HIDDEN if norm else 0, NORM_HALF=row_half if norm else 1, RESIDUAL=residual)
+        out.append(("gemv", base + "linear", "_gemv_kernel", consts, {"eps": "fp32"}, cfg.num_warps, cfg.num_stages,
+                    nofma))
     for swiglu, pdl in itertools.product([False, True], repeat=2):
-        consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl)
-        out.append(("reduce", base + "linear", "_splitk_reduce_kernel", consts, {"*": "*fp32"}, 4, 1, {}))
+        consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl, RESIDUAL=not swiglu)
+        out.append(("reduce", base + "linear", "_splitk_reduce_kernel", consts, {"p_ptr": "*fp32"}, 4, 1, nofma))
 
     block_h, block_half, warps = norm_launch_config(HEAD_DIM, HEADS)
-    kv_block_h, _, kv_warps = norm_launch_config(HEAD_DIM, KV_HEADS)
-    _, row_half, row_warps = norm_launch_config(HIDDEN, 1)
+    # attention inputs: one launch needs the q and the kv heads' norm tiles to agree (they do here)
+    assert norm_launch_config(HEAD_DIM, KV_HEADS) == (block_h, block_half, warps)
     eps = {"eps": "fp32"}
     for pdl in (False, True):
         out.append(("rms_norm_heads", base + "norm", "_rms_norm_kernel",
                      dict(HEADS=HEADS, N=HEAD_DIM, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl),
                      eps, warps, 3, nofma))
         out.append(("add", base + "norm", "_add_kernel", dict(BLOCK=ADD_BLOCK, PDL=pdl), {}, 4, 3, nofma))
-        for residual in (False, True):
-            out.append(("rms_norm_rows", base + "norm", "_row_rms_norm_kernel",
-                         dict(N=HIDDEN, BLOCK_HALF=row_half, HAS_RESIDUAL=residual, PDL=pdl),
-                         eps, row_warps, 3, nofma))
+        out.append(("rms_norm_rows", base + "norm", "_row_rms_norm_kernel",
+                     dict(N=HIDDEN, BLOCK_HALF=row_half, PDL=pdl), eps, row_warps, 3, nofma))
         tables = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "bt_ptr": "*i32", **eps}
-        out.append(("q_norm_rope", base + "attention_inputs", "_q_norm_rope_kernel",
-                     dict(H=HEADS, D=HEAD_DIM, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl),
-                     tables, warps, 3, nofma))
-        out.append(("k_norm_rope_write", base + "attention_inputs", "_k_norm_rope_write_kernel",
-                     dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=kv_block_h,
+        out.append(("attention_inputs", base + "attention_inputs", "_attention_inputs_kernel",
+                     dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=block_h,
                           BLOCK_HALF=block_half, PDL=pdl),
-                     tables, kv_warps, 3, nofma))
+                     tables, warps, 3, nofma))
         out.append(("rope", base + "rope", "_rope_kernel",
                      dict(HEADS=HEADS, D=HEAD_DIM, BLOCK_H=min(ROPE_BLOCK_H, HEADS), BLOCK_HALF=HEAD_DIM // 2,
                           PDL=pdl),
@@ -142,11 +144,11 @@ if __name__ == "__main__":
 '''
 
 # kernels that load a weight (immutable) before the grid dependency wait; the others wait first
-WEIGHT_BEFORE_WAIT = {"gemv", "rms_norm_heads", "rms_norm_rows", "q_norm_rope", "k_norm_rope_write"}
+WEIGHT_BEFORE_WAIT = {"gemv", "rms_norm_heads", "rms_norm_rows", "attention_inputs"}
 # kernel name -> variants compiled (each with PDL on and off)
 EXPECTED = {
-    "gemv": 16, "reduce": 4, "rms_norm_heads": 2, "add": 2, "rms_norm_rows": 4, "q_norm_rope": 2,
-    "k_norm_rope_write": 2, "rope": 2, "write_kv": 2, "silu_mul": 2, "decode_g4": 2, "decode_g1": 2,
+    "gemv": 16, "reduce": 4, "rms_norm_heads": 2, "add": 2, "rms_norm_rows": 2, "attention_inputs": 2,
+    "rope": 2, "write_kv": 2, "silu_mul": 2, "decode_g4": 2, "decode_g1": 2,
     "combine": 2, "prefill_g4": 2,
 }
 

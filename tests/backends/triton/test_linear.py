@@ -1,5 +1,6 @@
-"""linear (tileinfer.backends.triton.linear) against its reference twin, and the SwiGLU epilogue's
-bit-identity with silu_mul(linear(x, w)).
+"""linear (tileinfer.backends.triton.linear) against its reference twin, and the bit-identity of its
+fused forms (SwiGLU epilogue, RMSNorm prologue, residual epilogue) with the per-op chain
+(silu_mul(linear(x, w)); linear_unfused).
 
 Without a GPU the kernels run under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET
 before this module imports them) on small float16 / float32 shapes; the GPU tests use bfloat16 at
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from tileinfer.backends.reference import linear as ref
+from tileinfer.backends.reference import norm as ref_norm
 from tileinfer.backends.triton.linear import (
     GEMM_TILES,
     GemmConfig,
@@ -25,6 +27,8 @@ from tileinfer.backends.triton.linear import (
     gemm_config,
     gemv_config,
     linear,
+    linear_unfused,
+    norm_warps,
 )
 from tileinfer.backends.triton.swiglu import silu_mul
 
@@ -108,6 +112,90 @@ def test_swiglu_epilogue_bit_identical_to_unfused(T, dtype, out_dtype):
     unfused = silu_mul(run(x, w, out_dtype))
     assert torch.equal(fused, unfused), f"max diff {(fused.float() - unfused.float()).abs().max().item()}"
     check(fused, ref.silu_mul(ref.linear(x, w, out_dtype)), SWIGLU_TOL)
+
+
+# -- RMSNorm prologue, residual epilogue -----------------------------------------------------------
+
+EPS = 1e-6
+
+
+def norm_residual_inputs(T, N, K, dtype, epilogue, seed):
+    """x with a large, uneven scale (the norm must undo it), a norm weight that is not ones, a
+    residual of the output's shape."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = (torch.randn(T, K, generator=g, device=DEVICE) * torch.rand(T, 1, generator=g, device=DEVICE) * 30).to(dtype)
+    w = (torch.randn(N, K, generator=g, device=DEVICE) / K**0.5).to(dtype)
+    nw = (torch.rand(K, generator=g, device=DEVICE) + 0.5).to(dtype)
+    n = N // 2 if epilogue == "swiglu" else N
+    r = (torch.randn(T, n, generator=g, device=DEVICE) * 4).to(dtype)
+    return x, w, nw, r
+
+
+def reference_chain(x, w, nw, r, epilogue, out_dtype=None):
+    y = ref.linear(x if nw is None else ref_norm.rms_norm(x, nw, EPS), w, out_dtype)
+    y = ref.silu_mul(y) if epilogue == "swiglu" else y
+    return y if r is None else y + r
+
+
+NORM_CASES = [(T, parts, ep) for T in (1, 2, 16, 17) for parts in ("norm", "residual", "both")
+              for ep in ("none", "swiglu")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("T,parts,epilogue", NORM_CASES, ids=[f"T{t}-{p}-{e}" for t, p, e in NORM_CASES])
+def test_norm_prologue_and_residual_epilogue(T, parts, epilogue, dtype):
+    """Fused == the per-op chain bit for bit, and both match the torch twin."""
+    N, K = ALIGNED
+    x, w, nw, r = norm_residual_inputs(T, N, K, dtype, epilogue, seed_of("norm-res", T, parts, epilogue, dtype))
+    nw = nw if parts in ("norm", "both") else None
+    r = r if parts in ("residual", "both") else None
+    args = dict(epilogue=epilogue, residual=r) | ({} if nw is None else dict(norm_weight=nw, eps=EPS))
+    out = poisoned(r.shape if r is not None else (T, N // 2 if epilogue == "swiglu" else N), dtype)
+    fused = linear(x, w, out=out, **args)
+    unfused = linear_unfused(x, w, **args)
+    assert torch.equal(fused, unfused), f"max diff {(fused.float() - unfused.float()).abs().max().item()}"
+    tol = {torch.float32: (1e-4, 1e-4), torch.float16: (1.6e-2, 8e-3)}  # the norm adds a rounding
+    check(fused, reference_chain(x, w, nw, r, epilogue), tol)
+
+
+@pytest.mark.parametrize("T", [1, 2, 16])
+def test_norm_prologue_with_split_k_odd_k_and_float32_logits(T):
+    """The prologue in every split (K = 136: the last chunk partial), the residual in the reduce;
+    and the lm_head form (norm, float32 output)."""
+    dtype = torch.float16
+    N, K = 96, 136
+    cfg = GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, num_stages=1)
+    x, w, nw, r = norm_residual_inputs(T, N, K, dtype, "none", seed_of("norm-split", T))
+    fused = linear(x, w, norm_weight=nw, eps=EPS, residual=r, config=cfg)
+    assert torch.equal(fused, linear_unfused(x, w, norm_weight=nw, eps=EPS, residual=r, config=cfg))
+    check(fused, reference_chain(x, w, nw, r, "none"), {torch.float16: (1.6e-2, 8e-3)})
+    logits = linear(x, w, norm_weight=nw, eps=EPS, out_dtype=torch.float32, out=poisoned((T, N), torch.float32))
+    assert torch.equal(logits, linear_unfused(x, w, norm_weight=nw, eps=EPS, out_dtype=torch.float32))
+    check(logits, reference_chain(x, w, nw, None, "none", torch.float32), {torch.float32: (1e-2, 1e-2)})
+
+
+def test_residual_may_be_the_output():
+    dtype = torch.float16
+    x, w, _, r = norm_residual_inputs(2, 64, 96, dtype, "none", seed_of("in-place"))
+    expected = linear(x, w, residual=r)
+    y = linear(x, w, residual=r, out=r)
+    assert y is r and torch.equal(y, expected)
+
+
+def test_norm_warps_follow_the_gemv():
+    assert norm_warps(1, 6144, 2560) == gemv_config(6144, 2560, 1).num_warps
+    assert norm_warps(16, 6144, 2560) == gemv_config(6144, 2560, 16).num_warps
+    assert norm_warps(17, 6144, 2560) is None
+
+
+def test_rejects_bad_norm_and_residual():
+    x, w = random_inputs(2, 64, 96, torch.float16, seed_of("bad-norm"))
+    with pytest.raises(AssertionError, match="norm_weight"):
+        linear(x, w, norm_weight=torch.ones(95, dtype=torch.float16, device=DEVICE))
+    with pytest.raises(AssertionError, match="residual"):
+        linear(x, w, residual=torch.zeros(2, 63, dtype=torch.float16, device=DEVICE))
+    with pytest.raises(AssertionError, match="residual"):
+        linear(x, w, out_dtype=torch.float32, residual=torch.zeros(2, 64, dtype=torch.float16, device=DEVICE))
 
 
 # -- split-K, explicit tiles, strided activations -------------------------------------------------
@@ -271,6 +359,33 @@ def test_gpu_swiglu_epilogue_bit_identical(name, T, out):
     if name.endswith("gate_up"):
         expected = ref.silu_mul(ref.linear(x, w, out_dtype))
         check(fused, expected, {torch.bfloat16: (3.2e-2, 3.2e-2), torch.float32: (1e-3, 1e-3)})
+
+
+# How the decoder uses each weight: (RMSNorm before it, epilogue, residual added after it)
+DECODER_USE = {"qkv": (True, "none", False), "o_proj": (False, "none", True), "gate_up": (True, "swiglu", False),
+               "down": (False, "none", True), "lm_head": (True, "none", False)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+@pytest.mark.parametrize("T", [1, 2, 4, 16, 17, 1024])
+@pytest.mark.parametrize("name", list(QWEN3_LAYERS))
+def test_gpu_norm_and_residual_fused_bit_identical(name, T, pdl):
+    """The decoder's use of each real shape (norm prologue, SwiGLU, residual epilogue, float32
+    logits), fused against the per-op chain: equal bit for bit; and close to the torch twin."""
+    N, K = QWEN3_LAYERS[name]
+    has_norm, epilogue, has_residual = DECODER_USE[name.split(".")[1]]
+    out_dtype = torch.float32 if name.endswith("lm_head") else torch.bfloat16
+    x, w, nw, r = norm_residual_inputs(T, N, K, torch.bfloat16, epilogue, seed_of("gpu-norm-res", name, T))
+    args = dict(epilogue=epilogue, out_dtype=out_dtype, pdl=pdl)
+    args |= dict(norm_weight=nw, eps=EPS) if has_norm else {}
+    args |= dict(residual=r) if has_residual else {}
+    n = N // 2 if epilogue == "swiglu" else N
+    fused = linear(x, w, out=poisoned((T, n), out_dtype), **args)
+    unfused = linear_unfused(x, w, **args)
+    assert torch.equal(fused, unfused), f"max diff {(fused.float() - unfused.float()).abs().max().item()}"
+    expected = reference_chain(x, w, nw if has_norm else None, r if has_residual else None, epilogue, out_dtype)
+    assert rel_err(fused, expected) < (8e-3 if out_dtype == torch.bfloat16 else 4e-3)
 
 
 @pytest.mark.gpu

@@ -28,7 +28,7 @@ from tileinfer.backends.triton.attention_inputs import (
     q_norm_rope,
 )
 from tileinfer.backends.triton.kv_write import write_kv, write_pages
-from tileinfer.backends.triton.linear import linear
+from tileinfer.backends.triton.linear import linear, linear_unfused
 from tileinfer.backends.triton.paged_attention import paged_decode_attention, paged_prefill_attention
 from tileinfer.backends.triton.pdl import launch_options, pdl_supported, use_pdl
 from tileinfer.backends.triton.rope import apply_rope
@@ -140,12 +140,14 @@ def case_add(s: Shapes, t: int) -> Case:
     return Case(lambda pdl: norm.add(x, r, out=out, pdl=pdl), [x, r], [out])
 
 
-def case_add_rms_norm(s: Shapes, t: int) -> Case:
-    g = gen("add_rms_norm", t)
-    x, r = randn((t, s.hidden), s.dtype, g), randn((t, s.hidden), s.dtype, g)
-    w = (torch.rand(s.hidden, generator=g, device=DEVICE) + 0.5).to(s.dtype)
-    out, total = nan(x.shape, s.dtype), nan(x.shape, s.dtype)
-    return Case(lambda pdl: norm.add_rms_norm(x, r, w, EPS, out=out, sum_out=total, pdl=pdl), [x, r], [out, total])
+def case_linear_norm_residual(s: Shapes, t: int) -> Case:
+    """The fused GEMV of the decoder's residual stream: RMSNorm prologue, residual epilogue."""
+    g = gen("linear_norm_residual", t)
+    x, r = randn((t, s.hidden), s.dtype, g, 3.0), randn((t, s.hidden), s.dtype, g)
+    w = randn((s.hidden, s.hidden), s.dtype, g, s.hidden ** -0.5)
+    nw = (torch.rand(s.hidden, generator=g, device=DEVICE) + 0.5).to(s.dtype)
+    out = nan(x.shape, s.dtype)
+    return Case(lambda pdl: linear(x, w, norm_weight=nw, eps=EPS, residual=r, out=out, pdl=pdl), [x, r], [out])
 
 
 def case_apply_rope(s: Shapes, t: int) -> Case:
@@ -341,29 +343,21 @@ class Layer:
         self.step = Step(s, 1, ("layer-pages", n))
 
 
-def decode_chain(s: Shapes, layers: list[Layer], h, residual, fused: bool, pdl: bool):
+def decode_chain(s: Shapes, layers: list[Layer], h, fused: bool, pdl: bool):
     """The decode step's kernels for ``layers`` (as plugins/triton runs them), from the residual
-    stream ``h``/``residual`` ``[T, hidden]``; returns the new pair."""
+    stream ``h`` ``[T, hidden]``; returns the new one."""
+    lin = linear if fused else linear_unfused
     for layer in layers:
         st = layer.step
-        if fused:
-            x, residual = norm.add_rms_norm(h, residual, layer.input_norm, EPS, pdl=pdl)
-        else:
-            residual = norm.add(h, residual, pdl=pdl)
-            x = norm.rms_norm(residual, layer.input_norm, EPS, pdl=pdl)
-        qkv = linear(x, layer.qkv, pdl=pdl)
+        qkv = lin(h, layer.qkv, norm_weight=layer.input_norm, eps=EPS, pdl=pdl)
         args = (layer.q_w, layer.k_w) + st.attention_args()[2:]
         q = (attention_inputs if fused else attention_inputs_unfused)(qkv, *args, pdl=pdl)
         a = paged_decode_attention(q, st.k_pages, st.v_pages, st.block_table, s.start, s.head_dim ** -0.5,
                                    positions=st.positions, num_splits=16, pdl=pdl)
-        h = linear(a.reshape(a.shape[0], -1), layer.o, pdl=pdl)
-        x, residual = norm.add_rms_norm(h, residual, layer.post_norm, EPS, pdl=pdl)
-        if fused:
-            g = linear(x, layer.gate_up, epilogue="swiglu", pdl=pdl)
-        else:
-            g = silu_mul(linear(x, layer.gate_up, pdl=pdl), pdl=pdl)
-        h = linear(g, layer.down, pdl=pdl)
-    return h, residual
+        h = lin(a.reshape(a.shape[0], -1), layer.o, residual=h, pdl=pdl)
+        g = lin(h, layer.gate_up, epilogue="swiglu", norm_weight=layer.post_norm, eps=EPS, pdl=pdl)
+        h = lin(g, layer.down, residual=h, pdl=pdl)
+    return h
 
 
 @pytest.mark.gpu
@@ -374,7 +368,7 @@ def test_gpu_pdl_decode_chain_in_a_graph(fused):
     s = QWEN3_4B
     layers = [Layer(s, n) for n in range(2)]
     g = gen("chain-input", fused)
-    h0, r0 = randn((1, s.hidden), s.dtype, g), randn((1, s.hidden), s.dtype, g)
+    h0 = randn((1, s.hidden), s.dtype, g, 4.0)
     pages0 = [(layer.step.k_pages.clone(), layer.step.v_pages.clone()) for layer in layers]
 
     def restore_pages():
@@ -382,23 +376,22 @@ def test_gpu_pdl_decode_chain_in_a_graph(fused):
             layer.step.k_pages.copy_(k)
             layer.step.v_pages.copy_(v)
 
-    h_ref, r_ref = decode_chain(s, layers, h0, r0, fused, pdl=False)
+    h_ref = decode_chain(s, layers, h0, fused, pdl=False)
     pages_ref = [(layer.step.k_pages.clone(), layer.step.v_pages.clone()) for layer in layers]
     restore_pages()
-    h_in, r_in = h0.clone(), r0.clone()
-    h_eager, r_eager = decode_chain(s, layers, h_in, r_in, fused, pdl=True)  # also compiles before the capture
-    assert torch.equal(h_eager, h_ref) and torch.equal(r_eager, r_ref)
+    h_in = h0.clone()
+    h_eager = decode_chain(s, layers, h_in, fused, pdl=True)  # also compiles before the capture
+    assert torch.equal(h_eager, h_ref)
     restore_pages()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        h_out, r_out = decode_chain(s, layers, h_in, r_in, fused, pdl=True)
+        h_out = decode_chain(s, layers, h_in, fused, pdl=True)
     for _ in range(5):
         restore_pages()
         h_out.fill_(float("nan"))
-        r_out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(h_out, h_ref) and torch.equal(r_out, r_ref)
+        assert torch.equal(h_out, h_ref)
         for (k, v), (k_ref, v_ref) in zip([(la.step.k_pages, la.step.v_pages) for la in layers], pages_ref):
             assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
