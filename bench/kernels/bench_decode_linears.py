@@ -10,8 +10,13 @@ nothing stays in L2 between layers; the activations flow as in the model: h -> q
 - ``triton``: ``backends.triton.linear`` with the tile rule, SwiGLU fused into gate_up;
 - ``triton-pdl``: the same kernels launched with programmatic dependent launch (each kernel lets the
   next start early; the next issues its first weight loads before waiting);
-- ``triton-pdl/<tile>``: PDL, and an alternative T = 1 tile for the layers with N <= 6,144 (qkv,
-  o_proj, down), to see whether more bytes in flight per SM lift the small layers.
+- ``triton-pdl/<tile>`` (with ``--alt-tiles``): PDL, and an alternative T = 1 tile for the layers
+  with N <= 6,144 (qkv, o_proj, down), to see whether more bytes in flight per SM lift the small
+  layers;
+- ``norms-chain``: the decoder's residual stream with its RMSNorms and residual adds as kernels of
+  their own (``linear_unfused``: norm, GEMV, add; PDL), the per-op engine's linears;
+- ``norms-fused``: the same step as the engine's ``linear=triton_fused`` runs it: the RMSNorm in
+  each GEMV's prologue, the residual add in its epilogue (PDL); bit-identical to ``norms-chain``.
 
 Timing: ``triton.testing.do_bench`` of the graph replay (median). Each row: ms per step, weight
 bytes over that time as a fraction of the copy bandwidth measured in the same run, and the ratio
@@ -51,16 +56,34 @@ def make_layers(shape: str, device: torch.device) -> tuple[list[dict], torch.Ten
     def weight(n: int, k: int) -> torch.Tensor:
         return (torch.randn(n, k, device=device) / k**0.5).to(torch.bfloat16)
 
-    layers = [dict(qkv=weight(q + 2 * kv, h), o=weight(h, q), gate_up=weight(2 * i, h), down=weight(h, i))
+    def norm_weight() -> torch.Tensor:
+        return (torch.rand(h, device=device) + 0.5).to(torch.bfloat16)
+
+    layers = [dict(qkv=weight(q + 2 * kv, h), o=weight(h, q), gate_up=weight(2 * i, h), down=weight(h, i),
+                   input_norm=norm_weight(), post_norm=norm_weight())
               for _ in range(s["num_hidden_layers"])]
-    return layers, weight(s["vocab_size"], h), dict(h=h, q=q, kv=kv, i=i)
+    return layers, weight(s["vocab_size"], h), dict(h=h, q=q, kv=kv, i=i, final_norm=norm_weight())
 
 
 def step_fn(layers, lm_head, dims, x, kind: str, tiles: dict | None = None, pdl: bool = False):
     """A function that runs every layer's projections on x [T, h] and returns the logits."""
     from tileinfer.backends.reference.linear import linear as ref_linear
     from tileinfer.backends.reference.linear import silu_mul as ref_silu_mul
-    from tileinfer.backends.triton.linear import linear
+    from tileinfer.backends.triton.linear import linear, linear_unfused
+
+    if kind.startswith("norms-"):
+        lin = linear if kind == "norms-fused" else linear_unfused
+
+        def residual_stream():
+            h = x
+            for layer in layers:
+                qkv = lin(h, layer["qkv"], norm_weight=layer["input_norm"], pdl=pdl)
+                h = lin(qkv[:, :dims["q"]], layer["o"], residual=h, pdl=pdl)
+                act = lin(h, layer["gate_up"], epilogue="swiglu", norm_weight=layer["post_norm"], pdl=pdl)
+                h = lin(act, layer["down"], residual=h, pdl=pdl)
+            return lin(h, lm_head, out_dtype=torch.float32, norm_weight=dims["final_norm"], pdl=pdl)
+
+        return residual_stream
 
     def tri(a, w, epilogue="none", out_dtype=None):
         cfg = tiles.get(tuple(w.shape)) if tiles and a.shape[0] == 1 else None
@@ -100,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="Qwen3-4B,Qwen3-0.6B")
     parser.add_argument("--tokens", default="1,4,16")
     parser.add_argument("--rep-ms", type=float, default=300.0)
+    parser.add_argument("--alt-tiles", action="store_true", help="also time the alternative T = 1 tiles")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -116,17 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.models.split(","):
         torch.manual_seed(0)
         layers, lm_head, dims = make_layers(shape, device)
-        weight_bytes = 2 * (lm_head.numel() + sum(w.numel() for layer in layers for w in layer.values()))
+        weight_bytes = 2 * (lm_head.numel() + sum(w.numel() for layer in layers for w in layer.values() if w.dim() == 2))
         for t in [int(v) for v in args.tokens.split(",")]:
             x = torch.randn(t, dims["h"], device=device, dtype=torch.bfloat16)
             variants = {"cublas": step_fn(layers, lm_head, dims, x, "cublas"),
                         "triton": step_fn(layers, lm_head, dims, x, "triton"),
                         "triton-pdl": step_fn(layers, lm_head, dims, x, "triton", pdl=True)}
-            if t == 1:
+            variants["norms-chain"] = step_fn(layers, lm_head, dims, x, "norms-chain", pdl=True)
+            variants["norms-fused"] = step_fn(layers, lm_head, dims, x, "norms-fused", pdl=True)
+            if t == 1 and args.alt_tiles:
                 for name in ALT_TILES:
                     variants[f"triton-pdl/{name}"] = step_fn(layers, lm_head, dims, x, "triton",
                                                              alt_tiles(name, dims), pdl=True)
             plain = variants["triton"]().clone()
+            chain = variants["norms-chain"]().clone()
             base = None
             for name, fn in variants.items():
                 try:
@@ -134,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                     torch.cuda.synchronize()
                     if name.startswith("triton-pdl") and "split" not in name and "/" not in name:
                         assert torch.equal(got, plain), f"{name} differs from the plain launch"
-                    err = ((got - plain).norm() / plain.norm()).item()
+                    if name == "norms-fused":
+                        assert torch.equal(got, chain), "norms-fused differs from norms-chain"
+                    ref = chain if name.startswith("norms-") else plain
+                    err = ((got - ref).norm() / ref.norm()).item()
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
                         fn()
@@ -147,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                 base = base or ms
                 frac = weight_bytes / (ms * 1e-3) / bandwidth
                 print(f"{shape:<11} T={t:<3} {name:<28} {ms * 1e3:8.1f} us  {frac:6.1%} of copy BW  "
-                      f"x{base / ms:5.2f} vs cublas  rel.err vs triton {err:.1e}", flush=True)
+                      f"x{base / ms:5.2f} vs cublas  rel.err vs unfused {err:.1e}", flush=True)
                 records.append(dict(shape=shape, T=t, variant=name, us=ms * 1e3, bandwidth_fraction=frac,
-                                    speedup_vs_cublas=base / ms, rel_err_vs_triton=err, weight_bytes=weight_bytes))
+                                    speedup_vs_cublas=base / ms, rel_err_vs_unfused=err, weight_bytes=weight_bytes))
         del layers, lm_head
         torch.cuda.empty_cache()
     if args.out:
