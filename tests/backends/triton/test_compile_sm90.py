@@ -48,10 +48,10 @@ def jobs():
                       USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, NORM=norm,
                       NORM_K=HIDDEN if norm else 0, NORM_HALF=row_half if norm else 1, RESIDUAL=residual)
         out.append(("gemv", base + "linear", "_gemv_kernel", consts, {"eps": "fp32"}, cfg.num_warps, cfg.num_stages,
-                    nofma))
+                    {}))
     for swiglu, pdl in itertools.product([False, True], repeat=2):
         consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl, RESIDUAL=not swiglu)
-        out.append(("reduce", base + "linear", "_splitk_reduce_kernel", consts, {"p_ptr": "*fp32"}, 4, 1, nofma))
+        out.append(("reduce", base + "linear", "_splitk_reduce_kernel", consts, {"p_ptr": "*fp32"}, 4, 1, {}))
 
     block_h, block_half, warps = norm_launch_config(HEAD_DIM, HEADS)
     # attention inputs: one launch needs the q and the kv heads' norm tiles to agree (they do here)
@@ -63,7 +63,7 @@ def jobs():
                      eps, warps, 3, nofma))
         out.append(("add", base + "norm", "_add_kernel", dict(BLOCK=ADD_BLOCK, PDL=pdl), {}, 4, 3, nofma))
         out.append(("rms_norm_rows", base + "norm", "_row_rms_norm_kernel",
-                     dict(N=HIDDEN, BLOCK_HALF=row_half, PDL=pdl), eps, row_warps, 3, nofma))
+                     dict(N=HIDDEN, BLOCK_HALF=row_half, PDL=pdl), eps, row_warps, 3, {}))
         tables = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "bt_ptr": "*i32", **eps}
         out.append(("attention_inputs", base + "attention_inputs", "_attention_inputs_kernel",
                      dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=block_h,

@@ -374,7 +374,7 @@ def test_gpu_norm_and_residual_fused_bit_identical(name, T, pdl):
     """The decoder's use of each real shape (norm prologue, SwiGLU, residual epilogue, float32
     logits), fused against the per-op chain: equal bit for bit; and close to the torch twin."""
     N, K = QWEN3_LAYERS[name]
-    has_norm, epilogue, has_residual = DECODER_USE[name.split(".")[1]]
+    has_norm, epilogue, has_residual = DECODER_USE[name.rsplit(".", 1)[1]]
     out_dtype = torch.float32 if name.endswith("lm_head") else torch.bfloat16
     x, w, nw, r = norm_residual_inputs(T, N, K, torch.bfloat16, epilogue, seed_of("gpu-norm-res", name, T))
     args = dict(epilogue=epilogue, out_dtype=out_dtype, pdl=pdl)
