@@ -24,6 +24,7 @@ VARIANTS: dict[str, list[str]] = {
     "tile-eager": ["tile-eager"],  # + fused kernels
     "no-fused-kernels": FUSED_OFF,  # the default with one Triton kernel per op
     "no-fused-kernels-no-pipelining": [*FUSED_OFF, "pipelined=false"],  # the per-op CUDA-graph table's middle row
+    "norm-prologue": ["linear=triton_fused_prologue"],  # + the RMSNorm in the GEMV prologue (not kept)
     "no-cuda-graphs": ["cuda_graphs=false"],
     "no-pipelining": ["pipelined=false"],
     "cublas-linears": ["linear=cublas"],  # torch (cuBLAS) matmuls between the per-op Triton kernels

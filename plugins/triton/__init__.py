@@ -2,8 +2,7 @@
 
 Three levels, each a registered name, so that each row of the seed's ablation is a config:
 ``triton`` (one kernel per op), ``triton_refattn`` (per-op kernels with the reference attention)
-and ``triton_fused`` (the RMSNorm in the GEMV's prologue, SwiGLU and the residual add in the
-GEMV/GEMM epilogue,
+and ``triton_fused`` (SwiGLU and the residual add in the GEMV/GEMM epilogue,
 q/k norm + RoPE + KV write in one kernel). On a CPU without ``TRITON_INTERPRET=1`` they run
 their torch reference twins, with a one-line notice. ``linear=cublas`` puts torch's matmul between
 the per-op Triton kernels.
@@ -20,7 +19,9 @@ def tileinfer_implementations() -> list[Implementation]:
         Implementation("linear", "triton", f"{here}.linear:TritonLinear",
                        "Triton GEMV (<= 16 tokens) / GEMM; RMSNorm, SwiGLU, residual add as kernels of their own"),
         Implementation("linear", "triton_fused", f"{here}.linear:TritonFusedLinear",
-                       "Triton GEMV with RMSNorm prologue, SwiGLU / residual epilogues (one kernel); GEMM"),
+                       "Triton RMSNorm kernel, then GEMV / GEMM with SwiGLU / residual-add epilogues"),
+        Implementation("linear", "triton_fused_prologue", f"{here}.linear:TritonPrologueLinear",
+                       "triton_fused with the RMSNorm in the GEMV's prologue too (one kernel; slower on the H200)"),
         Implementation("linear", "cublas", f"{here}.linear:CublasLinear",
                        "torch matmul (cuBLAS) between Triton RMSNorm, SwiGLU and residual-add kernels"),
         Implementation("attention", "triton_refattn", f"{here}.attention:TritonRefAttention",

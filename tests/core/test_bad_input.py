@@ -102,7 +102,7 @@ def test_missing_tensor_and_missing_shard(tmp_path, checkpoint_factory):
 def test_unknown_key_and_unknown_name(tiny_checkpoint):
     with pytest.raises(ConfigError, match="unknown config key 'lineaar'"):
         engine_for(tiny_checkpoint, "lineaar=reference")
-    with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: cublas, reference, triton, triton_fused"):
+    with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: cublas, reference, triton, triton_fused, triton_fused_prologue"):
         engine_for(tiny_checkpoint, "linear=fast")
 
 

@@ -35,6 +35,10 @@ def test_variant_matches_reference_greedy_tokens(folder, expected, variant):
     assert run(folder, variant).token_ids == expected
 
 
+def test_norm_prologue_linear_matches_reference_greedy_tokens(folder, expected):
+    assert run(folder, "tile-eager", linear="triton_fused_prologue").token_ids == expected
+
+
 def test_fused_variant_with_speculative_verify_steps(folder, expected):
     result = run(folder, "tile-eager", proposer="ngram", spec_k=3)
     assert result.token_ids == expected
