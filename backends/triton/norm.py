@@ -213,7 +213,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
         _row_rms_norm_kernel[(x.shape[0],)](
             x, weight, out, x.stride(0), out.stride(0), eps,
             N=n, BLOCK_HALF=block_half, PDL=pdl,
-            num_warps=num_warps or warps, **launch_options(pdl),  # contraction on, as the GEMV
+            num_warps=num_warps or warps, enable_fp_fusion=True, **launch_options(pdl),  # as the GEMV
         )
         return out
     assert num_warps is None, "num_warps is for [T, H] rows"
