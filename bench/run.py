@@ -24,8 +24,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -116,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1 if shape == "tiny" and device.type == "cpu" else threads)
         for name in names:
             mine = [w for s, n, w in rows if s == shape and n == name]
-            if mine:
-                records += run_name(shape, folder, mc, name, mine, device, args.seconds, env, bar)
+            for rows_done in run_name(shape, folder, mc, name, mine, device, args.seconds, env, bar):
+                records += rows_done
                 report.write(records, out, chart=False)  # a run cut short keeps what it measured
     torch.set_num_threads(threads)
     bar.close()
@@ -128,18 +130,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_name(shape: str, folder: Path, mc: ModelConfig, name: str, chosen: list[Workload], device: torch.device,
-             seconds: float, env: dict, bar: tqdm) -> list[dict]:
-    """Every chosen workload of one variant or peer; rows that cannot run get a note instead."""
+             seconds: float, env: dict, bar: tqdm) -> Iterator[list[dict]]:
+    """Every chosen workload of one variant or peer, yielded as they are done (a list of records
+    each time); rows that cannot run get a note instead."""
     is_peer = name in peers_mod.PEERS
     base = dict(shape=shape, env=env, mc=mc, variant=None if is_peer else name, peer=name if is_peer else None)
     extra = [f"device={device.type}"]
-    out = []
     try:
         spec_k = resolve(name if not is_peer else "default", extra).spec_k
     except ConfigError as exc:
         tqdm.write(f"skip {shape}/{name}: {exc}")
         bar.update(len(chosen))
-        return [report.record(workload=w, note=f"skipped: {exc}", **base) for w in chosen]
+        yield [report.record(workload=w, note=f"skipped: {exc}", **base) for w in chosen]
+        return
     per_context = not is_peer or name in peers_mod.PER_CONTEXT
     for capacity, group in groups(chosen, spec_k, per_context):
         bar.set_postfix_str(f"{shape}/{name}: loading")
@@ -151,35 +154,37 @@ def run_name(shape: str, folder: Path, mc: ModelConfig, name: str, chosen: list[
         except Exception as exc:  # noqa: BLE001 - a row that cannot run is recorded, the run goes on
             note = f"skipped: {exc}" if isinstance(exc, ConfigError) else failure(exc)
             tqdm.write(f"skip {shape}/{name} ({', '.join(w.name for w in group)}): {note}")
-            out += [report.record(workload=w, note=note, kv_capacity=capacity, **base) for w in group]
+            yield [report.record(workload=w, note=note, kv_capacity=capacity, **base) for w in group]
             bar.update(len(group))
             continue
         for w in group:
             bar.set_postfix_str(f"{shape}/{name}/{w.name}")
             try:
                 m = measure(runner, w, seconds)
-                out.append(report.record(workload=w, measurement=m, layout=runner.layout(), kv_capacity=capacity,
-                                          **base))
+                done = report.record(workload=w, measurement=m, layout=runner.layout(), kv_capacity=capacity, **base)
             except Exception as exc:  # noqa: BLE001
                 note = failure(exc)
                 del exc  # its traceback holds the failed step's tensors
                 free_memory()
                 tqdm.write(f"failed {shape}/{name}/{w.name}: {note}")
-                out.append(report.record(workload=w, note=note, kv_capacity=capacity, **base))
+                done = report.record(workload=w, note=note, kv_capacity=capacity, **base)
             bar.update(1)
+            yield [done]
         runner.close()
-    return out
 
 
 def failure(exc: BaseException) -> str:
-    """One line: the exception's type and first line, and where it was raised."""
-    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    """One line: the exception's type and first line (for out of memory, the size asked for), and
+    the deepest line of tileinfer or bench/ it was raised through (else the deepest line)."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    ours = [f for f in frames if Path(f.filename).is_relative_to(HERE.parent) or "/tileinfer/" in f.filename]
+    where = (ours or frames or [None])[-1]
     place = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
     first = (str(exc).strip().splitlines() or [""])[0][:300]
     if isinstance(exc, torch.OutOfMemoryError):
-        return "out of memory" + place
+        size = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(exc))
+        return "out of memory" + (f", tried to allocate {size.group(1)}" if size else "") + place
     return f"{type(exc).__name__}: {first}{place}"
-
 
 if __name__ == "__main__":
     sys.exit(main())

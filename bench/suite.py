@@ -242,3 +242,21 @@ def test_cuda_graph_table_gives_each_rows_gain():
     assert "| fused | CUDA graphs + pipelined | default | 450 tok/s (90.0%) | x1.50 |" in table
     assert "| one kernel per op | eager | unfused-eager | 50.0 tok/s (10.0%) |  |" in table
     assert "no-fused-kernels" not in table  # rows not measured are left out
+
+
+def test_a_failed_row_says_why_in_one_line():
+    """Out of memory: the size asked for and the deepest line of ours it came through."""
+    import run
+
+    def allocate():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB. GPU 0 has a total capacity\nof")
+
+    try:
+        allocate()
+    except torch.OutOfMemoryError as exc:
+        line = allocate.__code__.co_firstlineno + 1
+        assert run.failure(exc) == f"out of memory, tried to allocate 128.00 GiB (at suite.py:{line})"
+    try:
+        {}["x"]
+    except KeyError as exc:
+        assert run.failure(exc).startswith("KeyError: 'x' (at suite.py:")

@@ -24,6 +24,8 @@ VARIANTS: dict[str, list[str]] = {
     "tile-eager": ["tile-eager"],  # + fused kernels
     "no-fused-kernels": FUSED_OFF,  # the default with one Triton kernel per op
     "no-fused-kernels-no-pipelining": [*FUSED_OFF, "pipelined=false"],  # the per-op CUDA-graph table's middle row
+    "no-fused-linears": [FUSED_OFF[0]],  # the linears' norm, SwiGLU and residual add as kernels of their own
+    "no-fused-attention": [FUSED_OFF[1]],  # the attention inputs (q/k norm, RoPE, KV write) as a kernel each
     "norm-prologue": ["linear=triton_fused_prologue"],  # + the RMSNorm in the GEMV prologue (not kept)
     "no-cuda-graphs": ["cuda_graphs=false"],
     "no-pipelining": ["pipelined=false"],
