@@ -21,10 +21,13 @@ norm_launch_config(D, Hkv)`` (e.g. ``D`` = 128 with ``H, Hkv >= 8``: Qwen3), sin
 launches the same kernel twice, over the kv columns (:func:`k_norm_rope_write`) then the q columns
 (:func:`q_norm_rope`), each with its heads' config.
 
-Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): the kernel lets the
-next kernel launch at its start and loads its norm weight (q's or k's, immutable) before the grid
-dependency wait; positions, the block table, qkv and the pages are touched after it. Same bits
-either way.
+Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): the kernel loads its
+norm weight (q's or k's, immutable) before the grid dependency wait; positions, the block table,
+qkv and the pages are touched after it. It lets the next kernel (decode attention) launch only
+after that wait, i.e. once the qkv GEMV has completed (``TRIGGER_AFTER_WAIT``): launched earlier,
+the attention's programs (about one per multiprocessor, and nothing to do before their own wait)
+were placed beside the GEMV's, unevenly, and streamed the KV cache slower (bench/NOTES.md,
+session 4). Same bits either way.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ from tileinfer.backends.triton.norm import (
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 from tileinfer.backends.triton.rope import _rope_rotate, apply_rope, check_rope_tables
 
+# With PDL, let the next kernel launch after the grid dependency wait (True) or at the start (False,
+# as the GEMVs do); read at each launch (bench/kernels/decode_step_experiments.py compares both).
+TRIGGER_AFTER_WAIT = True
+
 
 @triton.jit
 def _norm_rope(src, heads, offs, mask, wa, wb, c, s, eps, DTYPE: tl.constexpr, D: tl.constexpr):
@@ -64,13 +71,14 @@ def _attention_inputs_kernel(
     stride_qkv_t, stride_q_t, stride_q_h, stride_cs, stride_p_page, stride_p_h, stride_p_slot,
     eps, col0,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr, TRIGGER_AFTER_WAIT: tl.constexpr,
 ):
     """Program ``(t, c)``, column ``j = col0 + c`` of the full grid ``(T, cdiv(H, BLOCK_H) +
     cdiv(HKV, BLOCK_H))``: ``j < cdiv(H, BLOCK_H)``: q heads ``j * BLOCK_H ..`` -> norm, RoPE ->
     ``q``; otherwise kv heads ``(j - cdiv(H, BLOCK_H)) * BLOCK_H ..``: k -> norm, RoPE -> ``kp``,
-    v -> ``vp``. The program's norm weight (q's or k's) is loaded before the PDL wait."""
-    if PDL:
+    v -> ``vp``. The program's norm weight (q's or k's) is loaded before the PDL wait; the next
+    kernel may launch at the program's start or (``TRIGGER_AFTER_WAIT``) after the wait."""
+    if PDL and not TRIGGER_AFTER_WAIT:
         gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) + col0
@@ -81,6 +89,8 @@ def _attention_inputs_kernel(
     wa, wb = _load_weight_halves(tl.where(is_q, q_w_ptr, k_w_ptr), offs, D)
     if PDL:
         gdc_wait()  # qkv, positions, block table, pages: all after the kernel before
+        if TRIGGER_AFTER_WAIT:
+            gdc_launch_dependents()
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=1.0)
     s = tl.load(sin_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=0.0)
@@ -144,7 +154,7 @@ def _launch(
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         eps, 0 if with_q else q_cols,
         H=num_heads, HKV=num_kv_heads, D=head_dim, PAGE_SIZE=k_pages.shape[2],
-        BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
+        BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl, TRIGGER_AFTER_WAIT=TRIGGER_AFTER_WAIT,
         num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
     )
 

@@ -67,7 +67,7 @@ def jobs():
         tables = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "bt_ptr": "*i32", **eps}
         out.append(("attention_inputs", base + "attention_inputs", "_attention_inputs_kernel",
                      dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=block_h,
-                          BLOCK_HALF=block_half, PDL=pdl),
+                          BLOCK_HALF=block_half, PDL=pdl, TRIGGER_AFTER_WAIT=True),
                      tables, warps, 3, nofma))
         out.append(("rope", base + "rope", "_rope_kernel",
                      dict(HEADS=HEADS, D=HEAD_DIM, BLOCK_H=min(ROPE_BLOCK_H, HEADS), BLOCK_HALF=HEAD_DIM // 2,
@@ -133,7 +133,8 @@ def compile_one(job):
                 launches=body.count("griddepcontrol.launch_dependents"),
                 stores=first_store is not None,
                 loads_before_wait=len(re.findall(r"\bld\.global", before_wait)),
-                wait_before_store=first_store is None or 0 <= first_wait < first_store.start())
+                wait_before_store=first_store is None or 0 <= first_wait < first_store.start(),
+                launch_after_wait=0 <= first_wait < body.find("griddepcontrol.launch_dependents"))
 
 
 if __name__ == "__main__":
@@ -145,6 +146,8 @@ if __name__ == "__main__":
 
 # kernels that load a weight (immutable) before the grid dependency wait; the others wait first
 WEIGHT_BEFORE_WAIT = {"gemv", "rms_norm_heads", "rms_norm_rows", "attention_inputs"}
+# kernels that let the next kernel launch only after their own wait (the others at their start)
+LAUNCH_AFTER_WAIT = {"attention_inputs"}
 # kernel name -> variants compiled (each with PDL on and off)
 EXPECTED = {
     "gemv": 16, "reduce": 4, "rms_norm_heads": 2, "add": 2, "rms_norm_rows": 2, "attention_inputs": 2,
@@ -169,6 +172,7 @@ def test_kernels_compile_for_sm90_with_and_without_pdl(tmp_path):
         if r["pdl"]:
             assert r["waits"] >= 1 and r["launches"] >= 1 and r["wait_before_store"], r
             assert (r["loads_before_wait"] > 0) == (r["name"] in WEIGHT_BEFORE_WAIT), r
+            assert r["launch_after_wait"] == (r["name"] in LAUNCH_AFTER_WAIT), r
         else:
             assert r["waits"] == 0 and r["launches"] == 0, r
     for name in EXPECTED:  # each kernel both ways
