@@ -50,6 +50,12 @@ LOG2E = 1.4426950408889634
 DECODE_MAX_TOKENS = 16
 DECODE_MAX_SPLITS = 16  # the default for long contexts
 DECODE_MIN_KEYS_PER_SPLIT = 128
+# With PDL, whether the decode split kernel / the combine let the next kernel launch after their
+# grid dependency wait (True) or at their start (False: the kernels after them, down to the next
+# GEMV, are placed while attention runs and prefetch their weights); read at each launch
+# (bench/kernels/decode_step_experiments.py compares both).
+DECODE_TRIGGER_AFTER_WAIT = False
+COMBINE_TRIGGER_AFTER_WAIT = False
 
 
 def decode_splits(context_len: int) -> int:
@@ -205,6 +211,17 @@ def _paged_prefill_kernel(
 
 
 @triton.jit
+def _trigger_and_wait(TRIGGER_AFTER_WAIT: tl.constexpr):
+    """PDL: let the next kernel launch, then wait for the one before; or wait first."""
+    if TRIGGER_AFTER_WAIT:
+        gdc_wait()
+        gdc_launch_dependents()
+    else:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, part_ptr, max_ptr, sum_ptr,
     stride_qt, stride_qh,
@@ -215,11 +232,10 @@ def _paged_decode_kernel(
     NUM_HEADS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, TRIGGER_AFTER_WAIT: tl.constexpr,
 ):
     if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+        _trigger_and_wait(TRIGGER_AFTER_WAIT)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -261,10 +277,10 @@ def _paged_decode_kernel(
 def _paged_decode_combine_kernel(
     part_ptr, max_ptr, sum_ptr, out_ptr, stride_ot, stride_oh, num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    TRIGGER_AFTER_WAIT: tl.constexpr,
 ):
     if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+        _trigger_and_wait(TRIGGER_AFTER_WAIT)
     pid = tl.program_id(0)  # = token * NUM_HEADS + head
     tok = pid // NUM_HEADS
     head = pid % NUM_HEADS
@@ -439,13 +455,15 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         out.stride(0), out.stride(1),
         t, positions, scale * LOG2E, num_splits,
         NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl, **config, **launch_options(pdl),
+        BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
+        TRIGGER_AFTER_WAIT=DECODE_TRIGGER_AFTER_WAIT, **config, **launch_options(pdl),
     )
     if num_splits > 1:
         _paged_decode_combine_kernel[(t * h,)](
             part, m_buf, l_buf, out, out.stride(0), out.stride(1), num_splits,
             NUM_HEADS=h, HEAD_DIM=d, BLOCK_S=triton.next_power_of_2(num_splits),
-            PDL=pdl, num_warps=4 if d >= 128 else 2, **launch_options(pdl),
+            PDL=pdl, TRIGGER_AFTER_WAIT=COMBINE_TRIGGER_AFTER_WAIT, num_warps=4 if d >= 128 else 2,
+            **launch_options(pdl),
         )
     return out
 

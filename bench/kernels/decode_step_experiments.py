@@ -18,7 +18,10 @@ can differ behind the attention kernels. Experiments:
   start (before session 4's rule: after its grid dependency wait);
 - ``inputs-no-pdl`` / ``attn-no-pdl``: the attention-input kernel / the decode attention (split
   kernel and combine) launched without programmatic dependent launch;
-- ``unfused-inputs``: the attention inputs as the per-op chain (torch copies, then Triton kernels).
+- ``unfused-inputs``: the attention inputs as the per-op chain (torch copies, then Triton kernels);
+- ``attn-trigger-after-wait`` / ``combine-trigger-after-wait``: the decode split kernel / the
+  combine lets the next kernel launch after its grid dependency wait instead of at its start (so
+  the kernels after attention, o_proj's GEMV among them, are placed later).
 
 Each variant is an Engine built (and its graphs captured) with its rule patched; then the
 variants' generations (a random prompt of each ``--contexts`` length, 128 new tokens, ignore_eos,
@@ -57,11 +60,13 @@ NEW_TOKENS = 128
 def patched(name: str, shape: str):
     import tileinfer.backends.triton.attention_inputs as I
     import tileinfer.backends.triton.linear as L
+    import tileinfer.backends.triton.paged_attention as P
     import tileinfer.plugins.triton.attention as A
 
     s = SHAPES[shape]
     o_proj = (s["hidden_size"], s["num_attention_heads"] * s["head_dim"])
-    saved = (L.gemv_config, A.decode_splits, I.TRIGGER_AFTER_WAIT, A.attention_inputs, A.paged_decode_attention)
+    saved = (L.gemv_config, A.decode_splits, I.TRIGGER_AFTER_WAIT, A.attention_inputs, A.paged_decode_attention,
+             P.DECODE_TRIGGER_AFTER_WAIT, P.COMBINE_TRIGGER_AFTER_WAIT)
     if name.startswith("oproj-"):
         block_n = 1 if "bn1" in name else 2
         rule = L.gemv_config
@@ -80,6 +85,10 @@ def patched(name: str, shape: str):
         A.attention_inputs = without_pdl(saved[3])
     elif name == "attn-no-pdl":
         A.paged_decode_attention = without_pdl(saved[4])
+    elif name == "attn-trigger-after-wait":
+        P.DECODE_TRIGGER_AFTER_WAIT = True
+    elif name == "combine-trigger-after-wait":
+        P.COMBINE_TRIGGER_AFTER_WAIT = True
     elif name == "unfused-inputs":
         A.attention_inputs = A.attention_inputs_unfused
     elif name != "rule":
@@ -87,7 +96,8 @@ def patched(name: str, shape: str):
     try:
         yield
     finally:
-        L.gemv_config, A.decode_splits, I.TRIGGER_AFTER_WAIT, A.attention_inputs, A.paged_decode_attention = saved
+        (L.gemv_config, A.decode_splits, I.TRIGGER_AFTER_WAIT, A.attention_inputs, A.paged_decode_attention,
+         P.DECODE_TRIGGER_AFTER_WAIT, P.COMBINE_TRIGGER_AFTER_WAIT) = saved
 
 
 def compare(shape: str, folder: Path, context: int, variants: list[str], rounds: int, bandwidth: float) -> list[dict]:

@@ -87,10 +87,11 @@ def jobs():
             out.append((f"decode_g{group}", base + "paged_attention", "_paged_decode_kernel",
                          dict(NUM_HEADS=KV_HEADS * group, SINGLE_SPLIT=single, GROUP=group, HEAD_DIM=HEAD_DIM,
                               PAGE_SIZE=PAGE, BLOCK_M=16, BLOCK_N=dcfg["BLOCK_N"], UPCAST=False,
-                              DOT_PRECISION="tf32", PDL=pdl),
+                              DOT_PRECISION="tf32", PDL=pdl, TRIGGER_AFTER_WAIT=P.DECODE_TRIGGER_AFTER_WAIT),
                          attn, dcfg["num_warps"], dcfg["num_stages"], {}))
         out.append(("combine", base + "paged_attention", "_paged_decode_combine_kernel",
-                     dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl),
+                     dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl,
+                          TRIGGER_AFTER_WAIT=P.COMBINE_TRIGGER_AFTER_WAIT),
                      attn, 4, 3, {}))
         pcfg = P._prefill_config(4 * 1024, HEAD_DIM)
         out.append(("prefill_g4", base + "paged_attention", "_paged_prefill_kernel",
