@@ -39,6 +39,8 @@ PER_CONTEXT = ("hf-static-compile", "engine-compiled")  # built (and compiled) p
 class HFRunner:
     """transformers' Qwen3ForCausalLM on the checkpoint, eager SDPA or static cache + compile."""
 
+    full_warm_up = True  # workloads.warm_up: a whole run first (first allocations, recompiles)
+
     def __init__(self, folder: Path, device: torch.device, *, static: bool, max_cache_len: int) -> None:
         import transformers
         from transformers import CompileConfig, GenerationConfig, Qwen3ForCausalLM
@@ -122,6 +124,8 @@ def _tensors(obj, depth: int = 5) -> Iterator[torch.Tensor]:
 
 class CompiledEngineRunner(EngineRunner):
     """The engine's reference model with its decode steps' forward compiled (see the module doc)."""
+
+    full_warm_up = True
 
     def __init__(self, folder: Path, overrides: list[str], kv_capacity: int) -> None:
         if "max_context" not in {f.name for f in dataclasses.fields(Step)}:

@@ -3,8 +3,8 @@
     python bench/run.py [--filter SUBSTR]... [--shape NAME]... [--variant NAME]... [--workload NAME]...
                         [--seconds S] [--model DIR] [--out DIR] [--peers | --no-peers]
 
-Each row is warmed up by a short run of its prompt (8 new tokens), then measured until S seconds
-are spent (at least once), median. The limits are measured first, in the same run: the device
+Each row is warmed up by a run of its prompt (8 new tokens; the whole workload for the peers,
+whose first run allocates), then measured until S seconds are spent (at least once), median. The limits are measured first, in the same run: the device
 copy bandwidth and the BF16 matmul peak (bench/limits.py). Decode rows are also given as a
 fraction of their roofline (weights + KV read per step over that bandwidth), prefill rows as
 TFLOP/s and a fraction of that peak (bench/roofline.py). A variant whose config does not load is

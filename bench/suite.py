@@ -6,7 +6,8 @@
 Matrix (a GPU and ``--benchmark-only``, or ``TILEINFER_BENCH_MATRIX=1``): random weights of the
 shapes in ``TILEINFER_BENCH_SHAPES`` (comma-separated; default Qwen3-0.6B,Qwen3-4B) under
 ``TILEINFER_BENCH_CHECKPOINTS`` (default /tmp/tileinfer-checkpoints), full-size workloads, every
-variant and peer; each row warms up (a short run of its prompt), then pytest-benchmark times ``TILEINFER_BENCH_ROUNDS``
+variant and peer; each row warms up (workloads.warm_up: a short run of its prompt, the whole
+workload for a peer), then pytest-benchmark times ``TILEINFER_BENCH_ROUNDS``
 (default 3) rounds of it. The engine's own figure (prefill ms from ``stats.prefill_ms``, decode
 tok/s from ``stats.decode_tok_s``) with its roofline fraction or TFLOP/s goes to ``extra_info``;
 pytest-benchmark's own time is the wall time of the whole call.
@@ -166,7 +167,7 @@ def test_bench(row, mode, sized, env, checkpoint, runners, benchmark):
     values: list[float] = []
     try:
         if mode == "matrix":
-            warm_up(runner, w)  # kernel compilation, graph capture
+            warm_up(runner, w)  # kernel compilation, graph capture, first allocations
         else:
             benchmark.disabled = True  # the smoke runs the function once and times nothing
         rounds = int(os.environ.get("TILEINFER_BENCH_ROUNDS", "3")) if mode == "matrix" else 1
@@ -260,3 +261,22 @@ def test_a_failed_row_says_why_in_one_line():
         {}["x"]
     except KeyError as exc:
         assert run.failure(exc).startswith("KeyError: 'x' (at suite.py:")
+
+
+def test_warm_up_runs_the_whole_workload_for_a_peer_and_eight_tokens_for_the_engine():
+    from workloads import WARMUP_TOKENS, measure
+
+    class Runner:
+        def __init__(self, full: bool) -> None:
+            self.full_warm_up, self.runs = full, []
+
+        def sample(self, workload: Workload):
+            return lambda: self.runs.append(workload.new_tokens) or 1.0
+
+    w = workloads()["decode128_ctx1024"]
+    for full, first in ((True, w.new_tokens), (False, WARMUP_TOKENS)):
+        runner = Runner(full)
+        measure(runner, w, seconds=0)
+        assert runner.runs == [first, w.new_tokens]
+    assert peers_mod.HFRunner.full_warm_up and peers_mod.CompiledEngineRunner.full_warm_up
+    assert not getattr(EngineRunner, "full_warm_up", False)
