@@ -9,7 +9,7 @@
 source bench/device_calls/common.sh
 S=${1:?shape: Qwen3-0.6B or Qwen3-4B}
 log "$S: default and the peers, every workload"
-timeout 560 python3 bench/run.py --commit ${COMMIT:-unknown} --shape $S --seconds 2 \
+timeout 560 python3 bench/run.py --commit ${COMMIT:-unknown} --shape $S --seconds 1 \
   $(variants default hf-sdpa hf-static-compile engine-compiled) --out $R > $D/run_peers.log 2>&1
 log "exit $?"; quiet $D/run_peers.log | grep -A8 "### Peers" | tee -a $OUT/probe.log
 cp $R/results.json $R/results.md $R/results.png $OUT/ 2>/dev/null
