@@ -3,16 +3,17 @@
     python bench/run.py [--filter SUBSTR]... [--shape NAME]... [--variant NAME]... [--workload NAME]...
                         [--seconds S] [--model DIR] [--out DIR] [--peers | --no-peers]
 
-Each row is warmed up by a run of its prompt (8 new tokens; the whole workload for the peers,
-whose first run allocates), then measured until S seconds are spent (at least once), median. The limits are measured first, in the same run: the device
-copy bandwidth and the BF16 matmul peak (bench/limits.py). Decode rows are also given as a
-fraction of their roofline (weights + KV read per step over that bandwidth), prefill rows as
-TFLOP/s and a fraction of that peak (bench/roofline.py). A variant whose config does not load is
-skipped with the reason; a row that fails (out of memory, a peer that does not compile) is
-recorded with the reason instead of a number. Writes results.json (merged with one already there:
-rows of the same shape/variant/peer/workload are replaced), results.md and, with matplotlib,
-results.png under --out, and prints the tables of this run. Without a GPU the workloads shrink
-to the CPU sizes (prompts 32x shorter, 8 new tokens) and the default shape is tiny.
+Each row is warmed up by a run of its prompt (8 new tokens; the whole workload for the peers, whose
+first run allocates), then measured until S seconds are spent (at least once), median. The limits
+are measured first, in the same run: the device copy bandwidth and the BF16 matmul peak
+(bench/limits.py). Decode rows are also given as a fraction of their roofline (weights + KV read per
+step over that bandwidth), prefill rows as TFLOP/s and a fraction of that peak (bench/roofline.py).
+A variant whose config does not load is skipped with the reason; a row that fails (out of memory, a
+peer that does not compile) is recorded with the reason instead of a number. Writes results.json
+(merged with one already there: rows of the same shape/variant/peer/workload are replaced),
+results.md and, with matplotlib, results.png under --out, and prints the tables of this run. Without
+a GPU the workloads shrink to the CPU sizes (prompts 32x shorter, 8 new tokens) and the default
+shape is tiny.
 
 Examples:
     python bench/run.py --seconds 0 --no-peers --shape Qwen3-4B      # the variants at one shape

@@ -383,7 +383,7 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
         out.stride(0), out.stride(1),
         t, start, scale * LOG2E,
         GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
-        **config, **launch_options(pdl),
+        **config, enable_fp_fusion=True, **launch_options(pdl),
     )
     return out
 
@@ -456,14 +456,14 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         t, positions, scale * LOG2E, num_splits,
         NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
         BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
-        TRIGGER_AFTER_WAIT=DECODE_TRIGGER_AFTER_WAIT, **config, **launch_options(pdl),
+        TRIGGER_AFTER_WAIT=DECODE_TRIGGER_AFTER_WAIT, **config, enable_fp_fusion=True, **launch_options(pdl),
     )
     if num_splits > 1:
         _paged_decode_combine_kernel[(t * h,)](
             part, m_buf, l_buf, out, out.stride(0), out.stride(1), num_splits,
             NUM_HEADS=h, HEAD_DIM=d, BLOCK_S=triton.next_power_of_2(num_splits),
             PDL=pdl, TRIGGER_AFTER_WAIT=COMBINE_TRIGGER_AFTER_WAIT, num_warps=4 if d >= 128 else 2,
-            **launch_options(pdl),
+            enable_fp_fusion=True, **launch_options(pdl),
         )
     return out
 

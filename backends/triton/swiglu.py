@@ -79,5 +79,5 @@ def silu_mul(gate_up: torch.Tensor, *, out: torch.Tensor | None = None, pdl: boo
     grid = (T, triton.cdiv(I, BLOCK_I))
     pdl = use_pdl(pdl, gate_up.device)
     _silu_mul_kernel[grid](gate_up, out, I, gate_up.stride(0), out.stride(0), BLOCK_I=BLOCK_I, PDL=pdl,
-                           num_warps=NUM_WARPS, **launch_options(pdl))
+                           num_warps=NUM_WARPS, enable_fp_fusion=True, **launch_options(pdl))  # as the GEMV
     return out
