@@ -15,7 +15,7 @@ python3 - <<'PY' | tee -a $OUT/probe.log
 import json
 for r in json.load(open("bench/results/NVIDIA-H200/results.json")):
     if r["peer"] == "hf-sdpa" and r["workload"].startswith("decode"):
-        print(r["shape"], r["workload"], "samples (s):", [round(s, 2) for s in r["samples"]])
+        print(r["shape"], r["workload"], "samples (tok/s):", [round(s, 2) for s in r["samples"]])
 PY
 cp $R/results.json $R/results.md $R/results.png $OUT/ 2>/dev/null
 tar czf $OUT/details.tgz -C /tmp details
