@@ -5,8 +5,10 @@ when the row was not measured, and ``note`` says why (a config that does not loa
 incompatible combination, out of memory, a peer that failed). Tables: (1) the summary (default
 and the quantized variants: prefill ms and TFLOP/s, decode tok/s and fraction of the roofline),
 (2) the ablation (every variant and the gain of the feature it switches off: default over the
-variant, > 1 when the feature helps), (3) the peers (their figures and our default's speed over
-theirs).
+variant, > 1 when the feature helps), (3) the CUDA-graph chain, (4) the peers (their figures and
+our default's speed over theirs). A gain divides by the default row of the same run (``date``);
+results.json keeps a replaced default row, ``superseded: true``, while rows of its run remain, and
+a gain against another run's default is marked.
 """
 
 from __future__ import annotations
@@ -76,10 +78,34 @@ def key(row: dict) -> tuple:
     return row["shape"], row["variant"], row["peer"], row["workload"]
 
 
+def run_of(row: dict) -> tuple:
+    """Which run of bench/run.py measured a row: its shape and the run's start (``date``)."""
+    return row["shape"], row.get("date")
+
+
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
-    """``old`` with the rows of ``new`` replacing those of the same shape/variant/peer/workload."""
+    """``old`` with the rows of ``new`` replacing those of the same shape/variant/peer/workload.
+
+    A replaced ``default`` row of another run stays, marked ``superseded``, as long as other rows
+    of its run remain: it is their baseline, so that each gain is a ratio within one run (rows
+    bound by the host, eager steps and prefill, vary between runs more than the gains)."""
     replaced = {key(r) for r in new}
-    return [r for r in old if key(r) not in replaced] + new
+    new_runs = {run_of(r) for r in new}
+    rows = []
+    for r in old:
+        if key(r) in replaced and not r.get("superseded"):
+            if r["variant"] != "default" or run_of(r) in new_runs:
+                continue
+            r = {**r, "superseded": True}
+        rows.append(r)
+    rows += new
+    live = {run_of(r) for r in rows if r["variant"] != "default"}
+    return [r for r in rows if not r.get("superseded") or run_of(r) in live]
+
+
+def current(records: list[dict]) -> list[dict]:
+    """The rows that are the matrix's figures (without superseded baselines)."""
+    return [r for r in records if not r.get("superseded")]
 
 
 def _num(v: float) -> str:
@@ -105,6 +131,11 @@ def _ratio(ours: dict | None, theirs: dict | None) -> str:
         return ""
     r = theirs["value"] / ours["value"] if ours["unit"] == "ms" else ours["value"] / theirs["value"]
     return f" x{r:.2f}"
+
+
+CROSS_RUN = "†"
+CROSS_RUN_NOTE = (f"{CROSS_RUN}: against the default of another run (the row's own run measured no default); "
+                  "rows bound by the host (eager steps, prefill) vary between runs.")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -139,13 +170,27 @@ def tables(records: list[dict]) -> str:
 
 
 def _shape_tables(shape: str, rows: list[dict], names: list[str]) -> str:
+    baselines = {(r.get("date"), r["workload"]): r for r in rows if r["variant"] == "default"}
+    rows = current(rows)
     index = {(r["variant"], r["peer"], r["workload"]): r for r in rows}
     sizes = {r["workload"]: f"{r['prompt_tokens']}+{r['new_tokens']}" for r in rows}
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     peers = list(dict.fromkeys(r["peer"] for r in rows if r["peer"]))
+    marked = False
 
-    def default(n: str) -> dict | None:
-        return index.get(("default", None, n))
+    def gain(row: dict | None, n: str) -> str:
+        """Our default's speed over ``row``'s: the default of the same run, else the current one (marked)."""
+        nonlocal marked
+        base = baselines.get((row.get("date"), n)) if row else None
+        text = _ratio(base or index.get(("default", None, n)), row)
+        if text and base is None:
+            text, marked = text + CROSS_RUN, True
+        return text
+
+    def note(table: str) -> str:
+        nonlocal marked
+        text, marked = (table + "\n\n" + CROSS_RUN_NOTE if marked else table), False
+        return text
 
     out = [f"## {shape}\n\nprompt + new tokens: " + ", ".join(f"{n} {sizes[n]}" for n in names if n in sizes)]
     summary = [[v, *(_cell(index.get((v, None, n))) for n in names)] for v in variants if v in ("default", *QUANTIZED)]
@@ -154,26 +199,31 @@ def _shape_tables(shape: str, rows: list[dict], names: list[str]) -> str:
                    + _table(["variant", *names], summary))
     ablation = [[v, " ".join(VARIANTS[v]) or "configs/default.yaml",
                  *(_cell(index.get((v, None, n)), fraction=False)
-                   + ("" if v == "default" else _ratio(default(n), index.get((v, None, n)))) for n in names)]
+                   + ("" if v == "default" else gain(index.get((v, None, n)), n)) for n in names)]
                 for v in variants]
     if ablation:
-        out.append("### Ablation (x: the gain of the feature switched off, default over the variant)\n\n"
-                   + _table(["variant", "config", *names], ablation))
+        out.append(note("### Ablation (x: the gain of the feature switched off, default over the variant)\n\n"
+                        + _table(["variant", "config", *names], ablation)))
     graph_rows = []
     for kernels, chain in GRAPH_TABLE:
         previous = None
         for step, variant in zip(GRAPH_STEPS, chain):
             row = index.get((variant, None, GRAPH_WORKLOAD))
             if row is not None and row.get("value") is not None:
-                graph_rows.append([kernels, step, variant, _cell(row), _ratio(row, previous).strip() if previous else ""])
+                text = _ratio(row, previous).strip() if previous else ""
+                if text and row.get("date") != previous.get("date"):
+                    text, marked = text + CROSS_RUN, True
+                graph_rows.append([kernels, step, variant, _cell(row), text])
                 previous = row
     if graph_rows:
+        table = _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows)
         out.append(f"### CUDA graphs ({GRAPH_WORKLOAD}; gain: over the row above)\n\n"
-                   + _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows))
+                   + (table + f"\n\n{CROSS_RUN}: the two rows come from different runs." if marked else table))
+        marked = False
     if peers:
-        rows = [[p, *(_cell(index.get((None, p, n)), fraction=False) + _ratio(default(n), index.get((None, p, n)))
+        rows = [[p, *(_cell(index.get((None, p, n)), fraction=False) + gain(index.get((None, p, n)), n)
                       for n in names)] for p in peers]
-        out.append("### Peers (x: our default's speed over theirs)\n\n" + _table(["peer", *names], rows))
+        out.append(note("### Peers (x: our default's speed over theirs)\n\n" + _table(["peer", *names], rows)))
     return "\n\n".join(out)
 
 
@@ -215,7 +265,7 @@ def plot(records: list[dict], path: Path) -> bool:
     decode = [n for n in names if not n.startswith("prefill")]
     fig, axes = plt.subplots(len(shapes), 2, figsize=(16, 4.5 * len(shapes)), squeeze=False)
     for (ax_d, ax_p), shape in zip(axes, shapes):
-        rows = [r for r in records if r["shape"] == shape and r["value"] is not None]
+        rows = [r for r in current(records) if r["shape"] == shape and r["value"] is not None]
         labels = list(dict.fromkeys(r["variant"] or r["peer"] for r in rows))
         width = 0.8 / max(len(decode), 1)
         for j, name in enumerate(decode):

@@ -10,7 +10,8 @@ are measured first, in the same run: the device copy bandwidth and the BF16 matm
 step over that bandwidth), prefill rows as TFLOP/s and a fraction of that peak (bench/roofline.py).
 A variant whose config does not load is skipped with the reason; a row that fails (out of memory, a
 peer that does not compile) is recorded with the reason instead of a number. Writes results.json
-(merged with one already there: rows of the same shape/variant/peer/workload are replaced),
+(merged with one already there: rows of the same shape/variant/peer/workload are replaced; a
+replaced default row stays as the baseline of its run's other rows, so each gain is a same-run ratio),
 results.md and, with matplotlib, results.png under --out, and prints the tables of this run. Without
 a GPU the workloads shrink to the CPU sizes (prompts 32x shorter, 8 new tokens) and the default
 shape is tiny.

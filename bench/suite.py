@@ -245,6 +245,43 @@ def test_cuda_graph_table_gives_each_rows_gain():
     assert "no-fused-kernels" not in table  # rows not measured are left out
 
 
+def _row(variant: str | None, workload: str, value: float, date: str, peer: str | None = None) -> dict:
+    unit = "ms" if workload.startswith("prefill") else "tok/s"
+    return {"shape": "S", "variant": variant, "peer": peer, "workload": workload, "value": value, "unit": unit,
+            "roofline_fraction": value / 1000 if unit == "tok/s" else None, "tflops": None if unit == "tok/s" else 1.0,
+            "peak_fraction": None if unit == "tok/s" else 0.5, "prompt_tokens": 1024, "new_tokens": 128,
+            "note": None, "date": date}
+
+
+def test_merge_keeps_a_replaced_default_as_the_baseline_of_its_run():
+    run1 = [_row("default", "prefill1024", 10.0, "1"), _row("cublas-linears", "prefill1024", 9.0, "1"),
+            _row("reference", "prefill1024", 40.0, "1")]
+    run2 = [_row("default", "prefill1024", 20.0, "2"), _row("reference", "prefill1024", 50.0, "2")]
+    rows = report.merge(run1, run2)
+    assert [(r["variant"], r["date"], bool(r.get("superseded"))) for r in rows] == [
+        ("default", "1", True), ("cublas-linears", "1", False), ("default", "2", False), ("reference", "2", False)]
+    assert [r["value"] for r in report.current(rows)] == [9.0, 20.0, 50.0]
+    # the same run writing again (run.py writes after every row) replaces its own rows
+    again = report.merge(rows, [*run2, _row("no-pipelining", "prefill1024", 21.0, "2")])
+    assert again == [*rows, _row("no-pipelining", "prefill1024", 21.0, "2")]
+    # once no row of run 1 is left, its baseline goes too
+    gone = report.merge(rows, [_row("cublas-linears", "prefill1024", 18.0, "3")])
+    assert all(r["date"] != "1" for r in gone)
+
+
+def test_gains_divide_by_the_default_of_the_same_run_and_mark_the_others():
+    run1 = [_row("default", "prefill1024", 10.0, "1"), _row("cublas-linears", "prefill1024", 9.0, "1")]
+    run2 = [_row("default", "prefill1024", 20.0, "2"), _row(None, "prefill1024", 30.0, "2", peer="hf-sdpa")]
+    run3 = [_row("reference", "prefill1024", 40.0, "3")]
+    text = report.tables(report.merge(report.merge(run1, run2), run3))
+    assert "| default | configs/default.yaml | 20.0 ms |" in text  # the newest default is the figure
+    assert "| cublas-linears | linear=cublas | 9.00 ms x0.90 |" in text  # 10 / 9, its own run
+    assert f"| reference | reference | 40.0 ms x2.00{report.CROSS_RUN} |" in text  # no default in its run
+    assert "| hf-sdpa | 30.0 ms x1.50 |" in text
+    ablation, peers = text.split("### Ablation")[1].split("### Peers")
+    assert report.CROSS_RUN_NOTE in ablation and report.CROSS_RUN_NOTE not in peers
+
+
 def test_a_failed_row_says_why_in_one_line():
     """Out of memory: the size asked for and the deepest line of ours it came through."""
     import run
