@@ -317,3 +317,15 @@ def test_warm_up_runs_the_whole_workload_for_a_peer_and_eight_tokens_for_the_eng
         assert runner.runs == [first, w.new_tokens]
     assert peers_mod.HFRunner.full_warm_up and peers_mod.CompiledEngineRunner.full_warm_up
     assert not getattr(EngineRunner, "full_warm_up", False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
+@pytest.mark.parametrize("script", ["prefill_host_time", "profile_decode_step", "decode_step_experiments"])
+def test_engine_scripts_say_in_one_line_that_they_need_a_gpu(script, capsys, monkeypatch):
+    import importlib
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "kernels"))
+    module = importlib.import_module(script)
+    assert module.main(["--shapes", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {script}.py needs a CUDA GPU (none is visible)\n"

@@ -33,7 +33,6 @@ in the same run). The greedy tokens of every variant must equal ``rule``'s.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
@@ -46,6 +45,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from limits import copy_bandwidth  # noqa: E402
 from shapes import SHAPES, kv_bytes_per_position, weight_bytes, write_random_checkpoint  # noqa: E402
+
+from script_args import engine_script_parser, gpu_visible  # noqa: E402
 
 
 def without_pdl(launcher):
@@ -137,16 +138,12 @@ def compare(shape: str, folder: Path, context: int, variants: list[str], rounds:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="Qwen3-4B,Qwen3-0.6B")
+    parser = engine_script_parser(__doc__)
     parser.add_argument("--contexts", default="1024", help="comma-separated prompt lengths (cached positions)")
     parser.add_argument("--variants", default="rule,oproj-bn1-wholek,oproj-bn2-wholek,splits32")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--checkpoints", type=Path, default=Path("/tmp/tileinfer-checkpoints"))
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: decode_step_experiments.py needs a CUDA GPU (none is visible)", file=sys.stderr)
+    if not gpu_visible("decode_step_experiments.py"):
         return 2
     bandwidth = copy_bandwidth(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e12:.2f} TB/s", flush=True)

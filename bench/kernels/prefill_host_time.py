@@ -14,7 +14,6 @@ launches each. Prints a table; with --out writes prefill_host_time.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -27,6 +26,8 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shapes import write_random_checkpoint  # noqa: E402
+
+from script_args import engine_script_parser, gpu_visible  # noqa: E402
 
 import tileinfer  # noqa: E402
 from tileinfer.decoding import prefill  # noqa: E402
@@ -93,15 +94,11 @@ def measure(shape: str, tokens: int, rounds: int, checkpoints: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="Qwen3-4B,Qwen3-0.6B")
+    parser = engine_script_parser(__doc__)
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--checkpoints", type=Path, default=Path("/tmp/tileinfer-checkpoints"))
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: prefill_host_time.py needs a CUDA GPU (none is visible)", file=sys.stderr)
+    if not gpu_visible("prefill_host_time.py"):
         return 2
     records = [measure(s, args.tokens, args.rounds, args.checkpoints) for s in args.shapes.split(",")]
     costs = launch_cost()

@@ -12,7 +12,6 @@ the same and the gzip'ed Chrome trace.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import sys
@@ -24,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shapes import write_random_checkpoint  # noqa: E402
+
+from script_args import engine_script_parser, gpu_visible  # noqa: E402
 
 import tileinfer  # noqa: E402
 
@@ -68,14 +69,10 @@ def profile(shape: str, steps: int, checkpoints: Path, out: Path | None) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="Qwen3-4B,Qwen3-0.6B")
+    parser = engine_script_parser(__doc__)
     parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--checkpoints", type=Path, default=Path("/tmp/tileinfer-checkpoints"))
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: profile_decode_step.py needs a CUDA GPU (none is visible)", file=sys.stderr)
+    if not gpu_visible("profile_decode_step.py"):
         return 2
     records = [profile(s, args.steps, args.checkpoints, args.out) for s in args.shapes.split(",")]
     if args.out:
