@@ -164,7 +164,7 @@ def _order(records: list[dict]) -> tuple[list[str], list[str]]:
 
 
 def tables(records: list[dict]) -> str:
-    """The three tables, Markdown, one section per shape."""
+    """The four tables (summary, ablation, CUDA graphs, peers), Markdown, one section per shape."""
     shapes, names = _order(records)
     return "\n\n".join(_shape_tables(s, [r for r in records if r["shape"] == s], names) for s in shapes) + "\n"
 
@@ -176,21 +176,15 @@ def _shape_tables(shape: str, rows: list[dict], names: list[str]) -> str:
     sizes = {r["workload"]: f"{r['prompt_tokens']}+{r['new_tokens']}" for r in rows}
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     peers = list(dict.fromkeys(r["peer"] for r in rows if r["peer"]))
-    marked = False
 
     def gain(row: dict | None, n: str) -> str:
         """Our default's speed over ``row``'s: the default of the same run, else the current one (marked)."""
-        nonlocal marked
         base = baselines.get((row.get("date"), n)) if row else None
         text = _ratio(base or index.get(("default", None, n)), row)
-        if text and base is None:
-            text, marked = text + CROSS_RUN, True
-        return text
+        return text + CROSS_RUN if text and base is None else text
 
-    def note(table: str) -> str:
-        nonlocal marked
-        text, marked = (table + "\n\n" + CROSS_RUN_NOTE if marked else table), False
-        return text
+    def note(table: str, line: str = CROSS_RUN_NOTE) -> str:
+        return table + "\n\n" + line if CROSS_RUN in table else table
 
     out = [f"## {shape}\n\nprompt + new tokens: " + ", ".join(f"{n} {sizes[n]}" for n in names if n in sizes)]
     summary = [[v, *(_cell(index.get((v, None, n))) for n in names)] for v in variants if v in ("default", *QUANTIZED)]
@@ -212,14 +206,13 @@ def _shape_tables(shape: str, rows: list[dict], names: list[str]) -> str:
             if row is not None and row.get("value") is not None:
                 text = _ratio(row, previous).strip() if previous else ""
                 if text and row.get("date") != previous.get("date"):
-                    text, marked = text + CROSS_RUN, True
+                    text += CROSS_RUN
                 graph_rows.append([kernels, step, variant, _cell(row), text])
                 previous = row
     if graph_rows:
-        table = _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows)
-        out.append(f"### CUDA graphs ({GRAPH_WORKLOAD}; gain: over the row above)\n\n"
-                   + (table + f"\n\n{CROSS_RUN}: the two rows come from different runs." if marked else table))
-        marked = False
+        out.append(note(f"### CUDA graphs ({GRAPH_WORKLOAD}; gain: over the row above)\n\n"
+                        + _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows),
+                        f"{CROSS_RUN}: the two rows come from different runs."))
     if peers:
         rows = [[p, *(_cell(index.get((None, p, n)), fraction=False) + gain(index.get((None, p, n)), n)
                       for n in names)] for p in peers]

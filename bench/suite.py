@@ -243,6 +243,11 @@ def test_cuda_graph_table_gives_each_rows_gain():
     assert "| fused | CUDA graphs + pipelined | default | 450 tok/s (90.0%) | x1.50 |" in table
     assert "| one kernel per op | eager | unfused-eager | 50.0 tok/s (10.0%) |  |" in table
     assert "no-fused-kernels" not in table  # rows not measured are left out
+    assert report.CROSS_RUN not in table
+    rows[2]["date"] = "another run"
+    table = report.tables(rows).split("### CUDA graphs")[1]
+    assert f"| default | 450 tok/s (90.0%) | x1.50{report.CROSS_RUN} |" in table
+    assert f"{report.CROSS_RUN}: the two rows come from different runs." in table
 
 
 def _row(variant: str | None, workload: str, value: float, date: str, peer: str | None = None) -> dict:
