@@ -95,8 +95,8 @@ def measure(shape: str, tokens: int, rounds: int, checkpoints: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = engine_script_parser(__doc__)
-    parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--tokens", type=int, default=1024, help="prompt length of the prefill")
+    parser.add_argument("--rounds", type=int, default=20, help="timed prefills per shape (median)")
     args = parser.parse_args(argv)
     if not gpu_visible("prefill_host_time.py"):
         return 2
