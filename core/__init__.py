@@ -5,21 +5,23 @@
 """
 
 from tileinfer.hookspecs import Implementation, hookimpl, hookspec
+from tileinfer.options import Option
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
     # Engine pulls in torch and the model; keep `import tileinfer` cheap for plugin modules.
-    if name in ("Engine", "Generation", "GenerationStats"):
+    if name in ("Chunk", "Engine", "Generation", "GenerationStats"):
         from tileinfer import engine
 
         return getattr(engine, name)
-    if name in ("Config", "load_config"):
+    if name in ("Config", "load_config", "resolve_config"):
         from tileinfer import config
 
         return getattr(config, name)
     raise AttributeError(f"module 'tileinfer' has no attribute {name!r}")
 
 
-__all__ = ["Config", "Engine", "Generation", "GenerationStats", "Implementation", "hookimpl", "hookspec", "load_config"]
+__all__ = ["Chunk", "Config", "Engine", "Generation", "GenerationStats", "Implementation", "Option", "hookimpl",
+           "hookspec", "load_config", "resolve_config"]

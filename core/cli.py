@@ -22,10 +22,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", action="append", default=[], metavar="FILE",
-                        help="YAML file, or the name of a shipped config (reference, tile-eager, ...), merged over "
+                        help="YAML file, or the name of a shipped config (reference, eager), merged over "
                              "configs/default.yaml (repeatable, later wins)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="config overrides, e.g. device=cuda linear=reference temperature=0.7")
+                        help="config overrides, e.g. device=cuda linear=reference options.triton.pdl=false")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,11 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _common(gen)
 
-    plugins = sub.add_parser("plugins", help="list every registered implementation per interface")
+    plugins = sub.add_parser("plugins", help="list every registered implementation per interface, with its options")
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
     plugins.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
-    config = sub.add_parser("config", help="print the resolved config as YAML")
+    config = sub.add_parser("config", help="print the resolved config as YAML (auto values resolved, options "
+                            "filled in, checked as generate checks it)")
     config.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     _common(config)
     return parser
@@ -111,51 +112,66 @@ def _generate(args: argparse.Namespace) -> int:
         result = engine.generate(prompt, chat=args.chat)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         return 0
-    streamed = engine.tokenizer is not None
-
-    def show(piece: str) -> None:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-
-    result = engine.generate(prompt, chat=args.chat, on_text=show if streamed else None)
-    if not streamed:
-        print(",".join(map(str, result.token_ids)))
-    else:
-        print()
-    s = result.stats
-    print(f"[{s.new_tokens} tokens, prefill {s.prefill_ms:.1f} ms, decode {s.decode_tok_s:.1f} tok/s, "
-          f"{s.tokens_per_step:.2f} tokens/step, {s.finish_reason}]", file=sys.stderr)
+    tokens: list[int] = []
+    stats = None
+    for chunk in engine.stream(prompt, chat=args.chat):
+        tokens += chunk.token_ids
+        stats = chunk.stats or stats
+        if chunk.text:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    print(",".join(map(str, tokens)) if engine.tokenizer is None else "")
+    print(f"[{stats.new_tokens} tokens, prefill {stats.prefill_ms:.1f} ms, decode {stats.decode_tok_s:.1f} tok/s, "
+          f"{stats.tokens_per_step:.2f} tokens/step, {stats.finish_reason}]", file=sys.stderr)
     return 0
 
 
 def _plugins(args: argparse.Namespace) -> int:
-    from tileinfer.config import INTERFACE_KEYS
+    from tileinfer.hookspecs import KINDS
     from tileinfer.registry import build_registry
 
     registry = build_registry()
-    rows = [
-        {"interface": kind, "name": e.implementation.name, "plugin": e.plugin, "distribution": e.distribution,
-         "summary": e.implementation.summary}
-        for kind in INTERFACE_KEYS for e in registry.entries(kind)
-    ]
+    rows = []
+    for kind in KINDS:
+        for e in registry.entries(kind):
+            impl = e.implementation
+            try:
+                declared = registry.get(kind, impl.name).declared_options
+            except TileinferError as exc:
+                declared, error = (), str(exc)
+            else:
+                error = None
+            rows.append({"interface": kind, "name": impl.name, "plugin": e.plugin, "distribution": e.distribution,
+                         "summary": impl.summary, "auto": list(impl.auto), "priority": impl.priority,
+                         "options": [{"name": o.name, "type": o.type.__name__, "default": o.default,
+                                      "choices": list(o.choices), "minimum": o.minimum, "help": o.help}
+                                     for o in declared],
+                         **({"error": error} if error else {})})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"implementations": rows, "failures": registry.failures}, indent=2))
         return 0
-    for kind in INTERFACE_KEYS:
-        print(f"{kind}:" + ("  (and none: no speculation)" if kind == "proposer" else ""))
+    for kind in KINDS:
+        special = "  (none: no speculation)" if kind == "proposer" else ""
+        if any(r["auto"] for r in rows if r["interface"] == kind):
+            special = "  (auto: the highest priority that runs on the device)"
+        print(f"{kind}:{special}")
         for row in (r for r in rows if r["interface"] == kind):
-            print(f"  {row['name']:<16} {row['summary']}")
-            print(f"  {'':<16} from {row['plugin']} [{row['distribution']}]")
+            auto = f"; auto on {', '.join(row['auto'])} (priority {row['priority']})" if row["auto"] else ""
+            print(f"  {row['name']:<12} {row['summary']}")
+            print(f"  {'':<12} from {row['plugin']} [{row['distribution']}]{auto}")
+            for option in registry.get(kind, row["name"]).declared_options if "error" not in row else ():
+                print(f"  {'':<12} options.{row['name']}.{option.describe()}")
+            if "error" in row:
+                print(f"  {'':<12} cannot be loaded: {row['error']}")
+    for failure in registry.failures:
+        print(f"failed to load: {failure}")
     return 0
 
 
 def _config(args: argparse.Namespace) -> int:
-    from tileinfer.config import check_names, to_yaml
-    from tileinfer.registry import build_registry
+    from tileinfer.config import resolve_config, to_yaml
 
-    config = _load(args)
-    check_names(config, build_registry())
-    sys.stdout.write(to_yaml(config))
+    sys.stdout.write(to_yaml(resolve_config(_load(args))))
     return 0
 
 

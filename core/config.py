@@ -1,8 +1,11 @@
 """The run config: configs/default.yaml + any number of YAML files + ``KEY=VALUE`` overrides.
 
 The schema is the ``Config`` dataclass (types only: the values live in default.yaml, the one
-place defaults are written). Unknown keys and bad values raise ConfigError listing the valid
-choices; implementation names are checked against the registry by ``check_names``.
+place defaults are written). ``load_config`` merges the layers and checks the values that need no
+registry; ``resolve_config`` then resolves ``auto`` (device, dtype, implementations), validates
+every ``options.<name>`` against the options its implementation declares, and asks each chosen
+implementation whether it can run (``incompatibilities``). Both raise ConfigError listing the
+valid choices or the reasons; the engine and ``tileinfer config`` call the same two functions.
 """
 
 from __future__ import annotations
@@ -16,11 +19,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tileinfer.errors import ConfigError
+from tileinfer.hookspecs import KINDS
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 QUANTIZE = ("none", "int8")
-INTERFACE_KEYS = ("linear", "attention", "kv_store", "sampler", "proposer")
 
 
 @dataclass
@@ -140,25 +143,18 @@ def _check_values(config: Config) -> None:
             raise ConfigError(f"{key} must be >= 1, got {getattr(config, key)}")
 
 
-def check_names(config: Config, registry) -> None:
-    """Every interface key names a registered implementation, and every ``options`` entry names
-    one and sets only the options it declares."""
-    for kind in INTERFACE_KEYS:
-        name = getattr(config, kind)
-        if not (kind == "proposer" and name == "none"):
-            registry.get(kind, name)
-    registered = {kind: registry.names(kind) for kind in INTERFACE_KEYS}
-    for name, values in config.options.items():
-        kinds = [kind for kind, names in registered.items() if name in names]
-        if not kinds:
-            every = sorted({n for names in registered.values() for n in names})
-            raise ConfigError(f"options.{name}: no implementation has that name; valid: {', '.join(every)}")
-        declared = getattr(registry.get(kinds[0], name), "default_options", {})
-        for key in values:
-            if key not in declared:
-                valid = ", ".join(declared) or "(it takes none)"
-                raise ConfigError(f"options.{name}.{key} is not an option of {name}; valid: {valid}")
+def resolve_config(config: Config, registry=None) -> Config:
+    """``config`` with ``auto`` resolved (device, dtype, implementation names) and every chosen
+    implementation's options filled in with their defaults; a ConfigError when an option is not
+    declared or has a bad value, or when a chosen implementation cannot run (its reasons)."""
+    from tileinfer.registry import build_registry
+    from tileinfer.resolution import resolve
+
+    return resolve(config, registry or build_registry())
 
 
-def options_for(config: Config, name: str) -> dict[str, Any]:
-    return dict(config.options.get(name, {}))
+def options_of(config: Config, name: str, declared) -> dict[str, Any]:
+    """The values of ``options.<name>`` that the implementation declaring ``declared`` takes (the
+    namespace ``options.<name>`` is shared by the implementations of that name across interfaces)."""
+    keys = {option.name for option in declared}
+    return {k: v for k, v in config.options.get(name, {}).items() if k in keys}

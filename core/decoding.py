@@ -1,30 +1,62 @@
-"""Prefill, and pipelined plain decoding: the host one step behind the device.
+"""Decoding: the prompt's prefill and every step after it, in one loop per mode.
 
-``PipelinedDecoder`` (config key ``pipelined``) decodes one token per step without a host sync
-in a step: the token is sampled on the device and fed to the next step from there, and the
-host enqueues step ``t + 1`` before it reads step ``t``'s token, so the device never waits for
-the host to read a token and launch the next step. The engine picks it once, when it is built,
-on a CUDA device without a proposer; otherwise the engine decodes sequentially (see
-``pipelining_applies``).
+``Decoder.run(ids, max_new, eos)`` yields the tokens of one generation as they are committed (a
+list per step) and stops exactly at the first EOS or at ``max_new`` tokens. Its ``counters`` hold
+the step and speculation counts and the time the first token reached the host. The engine builds
+one Decoder and streams from it.
+
+Two modes, fixed when the engine is built:
+
+- sequential: each step's tokens are read on the host before the next step is launched. With a
+  proposer, a step verifies ``1 + k`` tokens (drafted by the proposer from the sequence so far),
+  commits the accepted drafts plus one target token, and rolls the KV store back over the rest.
+- pipelined (config key ``pipelined``, CUDA, no proposer): the host one step behind the device.
+  Each token is sampled on the device and fed to the next step from there, and step ``t + 1`` is
+  enqueued before step ``t``'s token is read, so the device never waits for the host. An EOS costs
+  one extra step of device time, whose token is discarded (never emitted, never fed to a step).
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
-from tileinfer.interfaces import KVStore, Sampler, Step
+from tileinfer.errors import PluginError
+from tileinfer.interfaces import Draft, KVStore, Proposer, Sample, Sampler, Step
 from tileinfer.model import Qwen3Model
-from tileinfer.steps import EagerSteps, GraphedSteps
+from tileinfer.speculative import verify_greedy, verify_sampled
+from tileinfer.steps import StepRunner
 
-Commit = Callable[[list[int]], bool]  # append tokens to the generation; True when it is over
+
+@dataclass
+class DecodeCounters:
+    """One generation's counts: steps after the prefill whose tokens were committed (a pipelined
+    step discarded after an EOS is not counted), tokens drafted and accepted, and the host time
+    (``time.perf_counter``) the first token was out."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    first_token_time: float = 0.0
 
 
-def prefill(model: Qwen3Model, kv: KVStore, sampler: Sampler, ids: Sequence[int],
-            capture: Collection[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
+    """``sampler.sample(logits)``, with a PluginError naming ``who`` when a plugin's sampler does not
+    return a ``Sample`` of ``[T]`` int64 tokens (checked at the prefill, once per generation)."""
+    result = sampler.sample(logits)
+    tokens = getattr(result, "tokens", None)
+    if not isinstance(result, Sample) or not isinstance(tokens, torch.Tensor) or tokens.shape != logits.shape[:1]:
+        raise PluginError(f"{who}: sample() returned {result!r}, not a tileinfer.interfaces.Sample with one "
+                          f"int64 token per row of the logits")
+    return result
+
+
+@torch.inference_mode()
+def prefill(model: Qwen3Model, kv: KVStore, sampler: Sampler, ids: Sequence[int], capture: Collection[int] = (),
+            who: str = "sampler") -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Run the prompt ``ids`` as one step from position 0 (the KV store empty) and sample the token
     after it. Returns that token as a ``[1]`` int64 tensor on the device, not read by the host, and
     the hidden states of the layers in ``capture``."""
@@ -32,7 +64,7 @@ def prefill(model: Qwen3Model, kv: KVStore, sampler: Sampler, ids: Sequence[int]
     kv.reserve(step.end)
     tokens = torch.tensor(list(ids), dtype=torch.int64, device=model.device)
     logits, hidden = model.forward(tokens, step, kv, last_only=True, capture=capture)
-    return sampler.sample(logits).tokens, hidden
+    return checked_sample(sampler, logits, who).tokens, hidden
 
 
 class HostTokens:
@@ -73,81 +105,122 @@ class HostTokens:
         self.sent = self.received = 0
 
 
-class PipelinedDecoder:
-    """Plain decoding, one token per step, with the host one step behind the device.
+class Decoder:
+    """One generation at a time over the engine's model, KV store, sampler and step runner.
 
-    The prefill's token and each step's token stay on the device: step ``t`` (``t >= 1``) takes
-    token ``t - 1`` as a ``[1]`` device tensor (``steps.forward`` copies it into a graph's static
-    buffer, or an eager step embeds it directly), and ``sampler.sample`` draws token ``t`` from
-    the step's logits on the device, enqueued before the next step can overwrite a graph's static
-    logits. Then the host enqueues step ``t + 1`` and only then waits for token ``t`` (an event
-    after its copy to the host) and commits it. Nothing in a step reads the device on the host,
-    given a sampler and a steps runner that do not (the reference sampler, ``EagerSteps`` and
-    ``GraphedSteps`` do not; a page of the KV store is reserved without a sync).
-
-    Stops, as in sequential decoding (the same tokens, and with a seed the same sampled tokens:
-    one draw per step in the same order; the discarded step draws after every committed token):
-
-    - length: no step is enqueued for a token past ``max_new``, so nothing is wasted; the KV
-      store ends holding the prompt and every emitted token but the last (which no step took
-      as input), as after sequential decoding;
-    - EOS: the step after the EOS was enqueued before the host read the EOS, and costs one step
-      of device time. Its token is discarded: never emitted, never fed to a step. That step
-      cached its input, the EOS, so the KV store ends holding the prompt and every emitted
-      token (one position more than after sequential decoding, which never feeds the EOS).
-
-    Speculative decoding is sequential: the host needs each verify result before it can draft.
+    ``proposer`` (with ``spec_k`` tokens drafted per step) makes the sequential steps verify
+    drafts; ``pipelined`` selects the pipelined mode (a CUDA device and no proposer: the engine
+    decides). ``who`` names the sampler's plugin in errors.
     """
 
-    def __init__(self, model: Qwen3Model, kv: KVStore, sampler: Sampler, steps: EagerSteps | GraphedSteps) -> None:
+    def __init__(self, model: Qwen3Model, kv: KVStore, sampler: Sampler, steps: StepRunner, *,
+                 proposer: Proposer | None = None, spec_k: int = 0, pipelined: bool = False,
+                 who: str = "sampler") -> None:
+        assert not (pipelined and proposer), "speculative decoding is sequential"
         self.model, self.kv, self.sampler, self.steps = model, kv, sampler, steps
-        self.host = HostTokens(model.device)
+        self.proposer, self.spec_k, self.pipelined, self.who = proposer, spec_k, pipelined, who
+        self.host = HostTokens(model.device) if pipelined else None
+        self.counters = DecodeCounters()
 
-    def step(self, token: torch.Tensor, cached: int) -> torch.Tensor:
+    def run(self, ids: Sequence[int], max_new: int, eos: Collection[int]) -> Iterator[list[int]]:
+        """Prefill ``ids`` and decode after them; yields each step's committed tokens, the last
+        list ending at the first token in ``eos`` or at the ``max_new``-th token."""
+        assert max_new >= 1
+        self.counters = DecodeCounters()
+        self.sampler.generator.manual_seed(self.sampler.params.seed)
+        self.kv.reset()
+        run = self._pipelined if self.pipelined else self._sequential
+        return run(list(ids), max_new, frozenset(eos))
+
+    # -- sequential ------------------------------------------------------------------------------
+
+    def _sequential(self, ids: list[int], max_new: int, eos: frozenset[int]) -> Iterator[list[int]]:
+        capture = self.proposer.hidden_layers if self.proposer else ()
+        first, hidden = prefill(self.model, self.kv, self.sampler, ids, capture, self.who)
+        out = [int(first[0])]
+        self.counters.first_token_time = time.perf_counter()
+        if self.proposer:
+            self.proposer.start(ids + out, hidden)
+        done = out[0] in eos or max_new == 1
+        yield out[:]
+        while not done:
+            new = self._step(ids + out, max_new - len(out))
+            self.counters.steps += 1
+            keep, done = _until_stop(new, eos, max_new - len(out))
+            out += keep
+            yield keep
+
+    @torch.inference_mode()
+    def _step(self, sequence: list[int], remaining: int) -> list[int]:
+        """One step after ``sequence`` (whose last token is not cached yet); the tokens to commit."""
+        cached = len(sequence) - 1
+        draft = Draft([])
+        if self.proposer and remaining > 1:
+            draft = self.proposer.propose(sequence, min(self.spec_k, remaining - 1))
+        self.kv.reserve(cached + 1 + len(draft.tokens))
+        tokens = torch.tensor([sequence[-1], *draft.tokens], dtype=torch.int64, device=self.model.device)
+        logits, hidden = self.steps.forward(tokens, cached)
+        if not draft.tokens:
+            new = [int(self.sampler.sample(logits).tokens[0])]
+        elif self.sampler.greedy:
+            new = verify_greedy(draft.tokens, logits)
+        else:
+            new = verify_sampled(draft.tokens, draft.probs, logits, self.sampler)
+        kept = len(new)  # the step's token and the accepted drafts hold valid keys and values
+        self.counters.drafted += len(draft.tokens)
+        self.counters.accepted += kept - 1
+        self.kv.truncate(cached + kept)
+        if self.proposer:
+            self.proposer.accept(sequence + new, kept - 1, {n: h[:kept] for n, h in hidden.items()})
+        return new
+
+    # -- pipelined -------------------------------------------------------------------------------
+
+    def _pipelined(self, ids: list[int], max_new: int, eos: frozenset[int]) -> Iterator[list[int]]:
+        """Step ``t`` (``t >= 1``) takes token ``t - 1`` as a ``[1]`` device tensor and samples token
+        ``t`` on the device; the host enqueues step ``t + 1`` and only then waits for token ``t``.
+
+        Stops as sequential decoding does, with the same tokens (with a seed, the same sampled
+        tokens: one draw per step in the same order). At the length limit no step is enqueued for
+        a token past ``max_new``. At an EOS the step after it was already enqueued: it caches its
+        input, the EOS, and its token is discarded, so the KV store ends holding the prompt and
+        every emitted token (one position more than after sequential decoding)."""
+        host = self.host
+        host.reset()
+        token, _ = prefill(self.model, self.kv, self.sampler, ids, who=self.who)
+        host.send(0, token)
+        done = False
+        while not done:
+            if host.sent < max_new:  # step t = host.sent, fed with token t - 1
+                token = self._device_step(token, len(ids) + host.sent - 1)
+                host.send(host.sent, token)
+            new = host.receive(host.received)
+            if host.received == 1:
+                self.counters.first_token_time = time.perf_counter()
+            else:
+                self.counters.steps += 1
+            done = new in eos or host.received >= max_new
+            if done:  # what the store holds: the prompt and the committed tokens fed to steps
+                self.kv.truncate(len(ids) + min(host.sent - 1, host.received))
+            yield [new]
+
+    @torch.inference_mode()
+    def _device_step(self, token: torch.Tensor, cached: int) -> torch.Tensor:
         """Enqueue the step that feeds ``token`` (``[1]`` int64 on the device) at position
         ``cached``; returns the token it samples, on the device. No host sync."""
         self.kv.reserve(cached + 1)
         logits, _ = self.steps.forward(token, cached)
         return self.sampler.sample(logits).tokens
 
-    def run(self, ids: Sequence[int], max_new: int, commit: Commit) -> tuple[float, int]:
-        """Prefill ``ids`` (the KV store empty) and decode after them, passing each token, once on
-        the host, to ``commit`` (as ``[token]``) until it returns True; ``commit`` must return True
-        at the latest at the ``max_new``-th token. Returns the time (``time.perf_counter``) the
-        first token reached the host, which is after step 1 was enqueued, and the number of steps
-        whose tokens were committed (a discarded step after an EOS is not counted)."""
-        host = self.host
-        host.reset()
-        token, _ = prefill(self.model, self.kv, self.sampler, ids)
-        host.send(0, token)
-        first_time, done = 0.0, False
-        while not done:
-            if host.sent < max_new:  # step t = host.sent, fed with token t - 1
-                token = self.step(token, len(ids) + host.sent - 1)
-                host.send(host.sent, token)
-            new = host.receive(host.received)
-            if host.received == 1:
-                first_time = time.perf_counter()
-            done = commit([new])
-        # Keep the prompt and the committed tokens that were fed to steps. With one step of
-        # look-ahead the discarded step fed a committed token (the EOS), so this drops nothing;
-        # it states what the store holds should the look-ahead grow.
-        self.kv.truncate(len(ids) + min(host.sent - 1, host.received))
-        return first_time, host.received - 1
+
+def _until_stop(tokens: list[int], eos: frozenset[int], remaining: int) -> tuple[list[int], bool]:
+    """The tokens to commit (up to the first EOS and at most ``remaining``) and whether the
+    generation is over."""
+    for i, token in enumerate(tokens[:remaining]):
+        if token in eos:
+            return tokens[:i + 1], True
+    keep = tokens[:remaining]
+    return keep, len(keep) == remaining
 
 
-def pipelining_applies(device: torch.device, proposer: str) -> bool:
-    """Whether ``pipelined=true`` takes effect; if not, prints a one-line notice on stderr.
-
-    On a CPU every op is synchronous, so there is nothing to overlap. With a proposer the host
-    needs each verify result to draft the next step, so decoding stays sequential.
-    """
-    if device.type != "cuda":
-        print(f"notice: pipelined has no effect on device {device.type} (it overlaps the host with a GPU)",
-              file=sys.stderr)
-        return False
-    if proposer != "none":
-        print(f"notice: pipelined does not apply with proposer={proposer} (the host needs each verify "
-              "result before it drafts); decoding sequentially", file=sys.stderr)
-        return False
-    return True
+__all__ = ["DecodeCounters", "Decoder", "HostTokens", "checked_sample", "prefill"]

@@ -1,35 +1,38 @@
 """Engine: load a model as the config says, and generate one sequence at a time.
 
-Prefill runs the prompt in one step; decode runs one token per step, or, with a proposer, a
-verify step of ``1 + k`` tokens that commits the accepted drafts plus one target token and rolls
-the KV store back over the rejected ones. With ``pipelined`` on a GPU and no proposer, plain
-decoding runs with the host one step behind the device (``tileinfer.decoding``); with a proposer
-it stays sequential (the host needs each verify result before it drafts), with a notice.
+``Engine.stream(prompt)`` yields ``Chunk``s as tokens are committed (their text, when the model
+has a tokenizer) and ends with a chunk carrying the generation's stats; ``generate`` collects a
+stream into one ``Generation``. Decoding itself (prefill, plain, speculative or pipelined steps)
+is ``tileinfer.decoding``.
+
+Thread safety: an Engine runs one generation at a time. A second ``stream``/``generate`` while one
+is running (from another thread, or from inside a stream's loop) raises UsageError; build one
+Engine per concurrent user, or serialize the calls.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from tileinfer.config import Config, ConfigSource, check_names, load_config, options_for
-from tileinfer.decoding import Commit, PipelinedDecoder, pipelining_applies, prefill
+from tileinfer.config import Config, ConfigSource, load_config, resolve_config
+from tileinfer.decoding import Decoder
 from tileinfer.errors import ConfigError, UsageError
-from tileinfer.interfaces import Draft, KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams
+from tileinfer.interfaces import KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams
 from tileinfer.loading import CheckpointReader
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
 from tileinfer.registry import Registry, build_registry
-from tileinfer.speculative import verify_greedy, verify_sampled
-from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps, notice_gpu_only
+from tileinfer.resolution import implementation_options, resolve_dtype
+from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps
 from tileinfer.tokenizer import StreamDecoder, Tokenizer
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -43,6 +46,17 @@ class GenerationStats:
     drafted_tokens: int  # speculative tokens proposed (0 without a proposer)
     accepted_tokens: int  # of which the target kept
     finish_reason: str  # "eos" or "length"
+
+
+@dataclass
+class Chunk:
+    """What ``Engine.stream`` yields: the tokens committed by one step and their text (None without
+    a tokenizer; text held back until a character is complete). The last chunk has no tokens, the
+    rest of the text, and the generation's ``stats``."""
+
+    token_ids: list[int]
+    text: str | None
+    stats: GenerationStats | None = None
 
 
 @dataclass
@@ -65,23 +79,8 @@ def shipped_model() -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are emulated and slow."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but no CUDA GPU is visible; use device=cpu")
-    return torch.device(name)
-
-
 class Engine:
-    """A loaded model with its KV store, sampler and (optional) proposer.
+    """A loaded model with its KV store, sampler, (optional) proposer and decoder.
 
     >>> engine = Engine.from_config(model="path/to/Qwen3-0.6B")
     >>> engine.generate("def fib(n):", max_new_tokens=32).text
@@ -90,62 +89,70 @@ class Engine:
     def __init__(self, config: Config, registry: Registry | None = None, *, progress: bool = True) -> None:
         # Everything a user can get wrong is checked before the weights are read.
         self.registry = registry or build_registry()
-        check_names(config, self.registry)
+        config = resolve_config(config, self.registry)
         self.config = config
         folder = Path(config.model) if config.model else shipped_model()
         if folder is None:
             raise ConfigError("no model given: pass --model DIR or model=DIR (a Hugging Face Qwen3 checkpoint "
-                              "folder); the shipped model models/target is not built yet (models/README.md)")
+                              "folder); the shipped model models/target is not installed (models/README.md)")
         if not folder.is_dir():
             raise ConfigError(f"model folder not found: {folder}")
-        self.device = resolve_device(config.device)
+        self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
-        backend = Backend(
-            linear=self.registry.get("linear", config.linear),
-            attention=self.registry.get("attention", config.attention),
-            quantize=config.quantize,
-        )
-        if config.quantize not in backend.linear.supported_quantize:
-            raise ConfigError(f"linear={config.linear} does not support quantize={config.quantize}; it supports: "
-                              f"{', '.join(backend.linear.supported_quantize)}")
-        kv_class = self.registry.get("kv_store", config.kv_store)
-        if kv_class.storage not in backend.attention.supported_storage:
-            raise ConfigError(f"attention={config.attention} cannot read kv_store={config.kv_store} pages "
-                              f"({kv_class.storage}); it reads: {', '.join(backend.attention.supported_storage)}")
         self.model_config = ModelConfig.from_folder(folder)
+        options = {kind: implementation_options(config, kind, self.registry)
+                   for kind in ("linear", "attention", "kv_store", "sampler")}
+        backend = Backend(self.registry.get("linear", config.linear), self.registry.get("attention", config.attention),
+                          config.quantize, options["linear"], options["attention"])
         reader = CheckpointReader(folder, self.model_config, self.device, self.dtype)
-
         self.model = Qwen3Model.build(self.model_config, reader.tensor, backend, progress=progress)
         reader.close()
         self.tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
-        self.kv = self._build_kv(kv_class)
-        self.sampler = self.registry.get("sampler", config.sampler)(params, self.device)
+        self.kv = self._build_kv(options["kv_store"])
+        params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
+        self.sampler = self.registry.get("sampler", config.sampler)(params, self.device, options=options["sampler"])
         self.proposer: Proposer | None = None
         if config.proposer != "none":
             context = ProposerContext(self.model, self.sampler, config, self.registry,
-                                      options_for(config, config.proposer))
+                                      implementation_options(config, "proposer", self.registry))
             self.proposer = self.registry.get("proposer", config.proposer)(context)
-        cuda = self.device.type == "cuda"
-        gpu_only = [key for key in ("cuda_graphs", "pipelined") if getattr(config, key)]
-        if gpu_only and not cuda:
-            notice_gpu_only(self.device, gpu_only)
-        graphs = config.cuda_graphs and cuda
-        self.steps = (GraphedSteps if graphs else EagerSteps)(self.model, self.kv, self._capture())
-        if graphs:
-            with torch.inference_mode():
-                self.steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1) if self.proposer else [1])
-        self.pipeline: PipelinedDecoder | None = None  # None: the sequential loop of generate
-        if config.pipelined and cuda and pipelining_applies(self.device, config.proposer):
-            self.pipeline = PipelinedDecoder(self.model, self.kv, self.sampler, self.steps)
+        self.decoder = self._build_decoder()
+        self._busy = threading.Lock()
 
-    def _build_kv(self, kv_class: type) -> KVStore:
+    def _build_kv(self, options: dict) -> KVStore:
         mc, config = self.model_config, self.config
         self.capacity = min(config.kv_capacity, mc.max_positions)
         geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_page_size,
                               -(-self.capacity // config.kv_page_size), self.dtype)
         key_norms = [layer.attention.k_norm_weight for layer in self.model.layers]
-        return kv_class(geometry, self.device, key_norm_weights=key_norms)
+        return self.registry.get("kv_store", config.kv_store)(geometry, self.device, key_norm_weights=key_norms,
+                                                              options=options)
+
+    def _build_decoder(self) -> Decoder:
+        """Eager or graphed steps (``cuda_graphs``), sequential or pipelined (``pipelined``): both
+        need a CUDA device, and pipelining applies to plain decoding only (the host needs each
+        verify result before it drafts). Each setting that cannot apply says so in one line."""
+        config, cuda = self.config, self.device.type == "cuda"
+        gpu_only = [key for key in ("cuda_graphs", "pipelined") if getattr(config, key)]
+        if gpu_only and not cuda:
+            verb = "has" if len(gpu_only) == 1 else "have"
+            print(f"notice: {' and '.join(gpu_only)} {verb} no effect on device {self.device.type} (CUDA graphs "
+                  "and host/GPU overlap need a GPU)", file=sys.stderr)
+        pipelined = config.pipelined and cuda
+        if pipelined and self.proposer:
+            print(f"notice: pipelined does not apply with proposer={config.proposer} (the host needs each verify "
+                  "result before it drafts); decoding sequentially", file=sys.stderr)
+            pipelined = False
+        capture = self.proposer.hidden_layers if self.proposer else ()
+        if config.cuda_graphs and cuda:
+            steps = GraphedSteps(self.model, self.kv, capture)
+            with torch.inference_mode():
+                steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1) if self.proposer else [1])
+        else:
+            steps = EagerSteps(self.model, self.kv, capture)
+        entry = self.registry.entry("sampler", config.sampler)
+        return Decoder(self.model, self.kv, self.sampler, steps, proposer=self.proposer, spec_k=config.spec_k,
+                       pipelined=pipelined, who=f"sampler={config.sampler} ({entry.origin})")
 
     @classmethod
     def from_config(cls, *sources: ConfigSource, overrides: Sequence[str] = (), registry: Registry | None = None,
@@ -185,99 +192,62 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
 
-    def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-                 on_text: Callable[[str], None] | None = None, ignore_eos: bool = False) -> Generation:
-        """Generate from a text prompt (``chat`` wraps it in the chat template) or from token ids.
+    def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
+               ignore_eos: bool = False) -> Iterator[Chunk]:
+        """Generate from a text prompt (``chat`` wraps it in the chat template) or from token ids,
+        yielding a ``Chunk`` per decoding step as its tokens are committed, then a last chunk with
+        the stats. The prompt is checked when this is called; decoding starts at the first
+        ``next()``.
 
         Stops at an EOS token of generation_config.json (unless ``ignore_eos``, as benchmarks do)
-        or after ``max_new_tokens`` (default: the config's). ``on_text`` receives the text as it is
-        produced.
+        or after ``max_new_tokens`` (default: the config's).
         """
-        ids = self.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if isinstance(prompt, str):
+            ids = self.encode_prompt(prompt, chat=chat)
+        else:
+            if chat:
+                raise UsageError("chat=True needs a text prompt, not token ids")
+            ids = list(prompt)
         max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         self._check_prompt(ids, max_new)
-        stream = StreamDecoder(self.tokenizer) if on_text and self.tokenizer else None
-        eos = () if ignore_eos else self.model_config.eos_token_ids
-        out: list[int] = []
+        return self._stream(ids, max_new, () if ignore_eos else self.model_config.eos_token_ids)
 
-        def commit(tokens: list[int]) -> bool:
-            """Append tokens up to a stop; True when the generation is over."""
-            for token in tokens:
-                out.append(token)
-                if stream:
-                    piece = stream.push(token)
-                    if piece:
-                        on_text(piece)
-                if token in eos or len(out) >= max_new:
-                    return True
-            return False
-
-        with torch.inference_mode():
-            self.sampler.generator.manual_seed(self.config.seed)
-            self.kv.reset()
-            self._drafted = self._accepted = 0
+    def _stream(self, ids: list[int], max_new: int, eos: tuple[int, ...]) -> Iterator[Chunk]:
+        if not self._busy.acquire(blocking=False):
+            raise UsageError("this Engine is already generating (it runs one sequence at a time): finish or close "
+                             "the other stream first, or use one Engine per thread")
+        try:
+            text = StreamDecoder(self.tokenizer) if self.tokenizer else None
+            out: list[int] = []
             start = time.perf_counter()
-            decode = self.pipeline.run if self.pipeline else self._decode_sequential
-            first_time, steps = decode(ids, max_new, commit)
+            for tokens in self.decoder.run(ids, max_new, eos):
+                out += tokens
+                yield Chunk(tokens, "".join(text.push(t) for t in tokens) if text else None)
             end = time.perf_counter()
-        if stream and (tail := stream.flush()):
-            on_text(tail)
-        decode_s = end - first_time
-        stats = GenerationStats(
-            prompt_tokens=len(ids),
-            new_tokens=len(out),
-            prefill_ms=(first_time - start) * 1e3,
-            decode_tok_s=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0,
-            steps=steps,
-            tokens_per_step=(len(out) - 1) / steps if steps else 0.0,
-            drafted_tokens=self._drafted,
-            accepted_tokens=self._accepted,
-            finish_reason="eos" if out[-1] in eos else "length",
-        )
+            counters = self.decoder.counters
+            decode_s = end - counters.first_token_time
+            stats = GenerationStats(
+                prompt_tokens=len(ids),
+                new_tokens=len(out),
+                prefill_ms=(counters.first_token_time - start) * 1e3,
+                decode_tok_s=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0,
+                steps=counters.steps,
+                tokens_per_step=(len(out) - 1) / counters.steps if counters.steps else 0.0,
+                drafted_tokens=counters.drafted,
+                accepted_tokens=counters.accepted,
+                finish_reason="eos" if out[-1] in eos else "length",
+            )
+            yield Chunk([], text.flush() if text else None, stats)
+        finally:
+            self._busy.release()
+
+    def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
+                 ignore_eos: bool = False) -> Generation:
+        """``stream`` collected: the new tokens, their text (special tokens skipped) and the stats."""
+        out: list[int] = []
+        stats = None
+        for chunk in self.stream(prompt, max_new_tokens=max_new_tokens, chat=chat, ignore_eos=ignore_eos):
+            out += chunk.token_ids
+            stats = chunk.stats or stats
         text = self.tokenizer.decode(out) if self.tokenizer else None
         return Generation(out, text, stats)
-
-    def _capture(self) -> tuple[int, ...]:
-        return self.proposer.hidden_layers if self.proposer else ()
-
-    def _decode_sequential(self, ids: list[int], max_new: int, commit: Commit) -> tuple[float, int]:
-        """Prefill, then one step at a time, each token (or verified draft) read before the next
-        step is launched; ``commit`` as for ``PipelinedDecoder.run``. Returns the time the first
-        token was out and the number of steps after the prefill."""
-        first, hidden = prefill(self.model, self.kv, self.sampler, ids, self._capture())
-        first = int(first[0])
-        first_time = time.perf_counter()
-        out = [first]
-        if self.proposer:
-            self.proposer.start(ids + out, hidden)
-        done = commit([first])
-        steps = 0
-        while not done:
-            new = self._decode_step(ids + out, max_new - len(out))
-            out += new
-            done = commit(new)
-            steps += 1
-        return first_time, steps
-
-    def _decode_step(self, sequence: list[int], remaining: int) -> list[int]:
-        """One step after ``sequence`` (whose last token is not cached yet); the tokens to commit."""
-        cached = len(sequence) - 1
-        draft = Draft([])
-        if self.proposer and remaining > 1:
-            draft = self.proposer.propose(sequence, min(self.config.spec_k, remaining - 1))
-        self.kv.reserve(cached + 1 + len(draft.tokens))
-        tokens = torch.tensor([sequence[-1], *draft.tokens], dtype=torch.int64, device=self.device)
-        logits, hidden = self.steps.forward(tokens, cached)
-        if not draft.tokens:
-            new = [int(self.sampler.sample(logits).tokens[0])]
-        elif self.sampler.greedy:
-            new = verify_greedy(draft.tokens, logits)
-        else:
-            new = verify_sampled(draft.tokens, draft.probs, logits, self.sampler)
-        kept = len(new)  # the step's token and the accepted drafts hold valid keys and values
-        self._drafted += len(draft.tokens)
-        self._accepted += kept - 1
-        self.kv.truncate(cached + kept)
-        if self.proposer:
-            self.proposer.accept(sequence + new, kept - 1, {n: h[:kept] for n, h in hidden.items()})
-        return new

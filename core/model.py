@@ -10,7 +10,8 @@ the Linear beside it, so that an implementation may fuse them into its kernel.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,11 +23,13 @@ from tileinfer.model_config import ModelConfig
 
 @dataclass
 class Backend:
-    """The implementations a model is built from."""
+    """The implementations a model is built from, with their options."""
 
     linear: type[Linear]
     attention: type[Attention]
     quantize: str = "none"
+    linear_options: dict[str, Any] = field(default_factory=dict)
+    attention_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,7 +77,9 @@ class Qwen3Model:
         embed = tensor("model.embed_tokens.weight")
         rope = rope_table(config.head_dim, config.rope_theta, config.max_positions, embed.device)
         spec = config.attention
-        q = backend.quantize
+
+        def linear(weight: torch.Tensor, **kw) -> Linear:
+            return backend.linear(weight, quantize=backend.quantize, options=backend.linear_options, **kw)
 
         def norm(name: str) -> RMSNorm:
             return RMSNorm(tensor(name), config.rms_norm_eps)
@@ -86,17 +91,17 @@ class Qwen3Model:
             qkv = torch.cat([tensor(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
             gate_up = torch.cat([tensor(p + "mlp.gate_proj.weight"), tensor(p + "mlp.up_proj.weight")])
             layers.append(Qwen3Layer(
-                qkv=backend.linear(qkv, quantize=q, norm=norm(p + "input_layernorm.weight")),
+                qkv=linear(qkv, norm=norm(p + "input_layernorm.weight")),
                 attention=backend.attention(spec, layer=n, q_norm_weight=tensor(p + "self_attn.q_norm.weight"),
-                                            k_norm_weight=tensor(p + "self_attn.k_norm.weight"), rope=rope),
-                o_proj=backend.linear(tensor(p + "self_attn.o_proj.weight"), quantize=q),
-                gate_up=backend.linear(gate_up, epilogue="swiglu", quantize=q,
-                                       norm=norm(p + "post_attention_layernorm.weight")),
-                down=backend.linear(tensor(p + "mlp.down_proj.weight"), quantize=q),
+                                            k_norm_weight=tensor(p + "self_attn.k_norm.weight"), rope=rope,
+                                            options=backend.attention_options),
+                o_proj=linear(tensor(p + "self_attn.o_proj.weight")),
+                gate_up=linear(gate_up, epilogue="swiglu", norm=norm(p + "post_attention_layernorm.weight")),
+                down=linear(tensor(p + "mlp.down_proj.weight")),
             ))
             del qkv, gate_up
         head = embed if config.tie_word_embeddings else tensor("lm_head.weight")
-        lm_head = backend.linear(head, out_dtype=torch.float32, quantize=q, norm=norm("model.norm.weight"))
+        lm_head = linear(head, out_dtype=torch.float32, norm=norm("model.norm.weight"))
         return cls(config, embed, layers, lm_head, rope)
 
     def forward(self, token_ids: torch.Tensor, step: Step, kv: KVStore, *, last_only: bool = False,

@@ -12,9 +12,9 @@ any context the pool holds. Prefill steps stay eager.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Collection
+from typing import Union
 
 import torch
 
@@ -121,8 +121,4 @@ class GraphedSteps:
                 f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB")
 
 
-def notice_gpu_only(device: torch.device, keys: list[str]) -> None:
-    """One line for the keys set to true that need a GPU (``cuda_graphs``, ``pipelined``)."""
-    verb = "has" if len(keys) == 1 else "have"
-    print(f"notice: {' and '.join(keys)} {verb} no effect on device {device.type} (CUDA graphs and "
-          "host/GPU overlap need a GPU)", file=sys.stderr)
+StepRunner = Union[EagerSteps, GraphedSteps]

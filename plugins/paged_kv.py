@@ -19,8 +19,8 @@ from tileinfer.interfaces import KVGeometry, KVStore, LayerKV
 class PagedKVStore(KVStore):
     """Pages in the model dtype: ``[num_pages, num_kv_heads, page_size, head_dim]`` per layer."""
 
-    def __init__(self, geometry: KVGeometry, device, *, key_norm_weights=None) -> None:
-        super().__init__(geometry, device, key_norm_weights=key_norm_weights)
+    def __init__(self, geometry: KVGeometry, device, *, key_norm_weights=None, options=None) -> None:
+        super().__init__(geometry, device, key_norm_weights=key_norm_weights, options=options)
         g = geometry
         shape = (g.num_layers, g.num_pages, g.num_kv_heads, g.page_size, g.head_dim)
         self.k = torch.empty(shape, dtype=g.dtype, device=self.device)
@@ -44,8 +44,8 @@ class PagedInt8KVStore(KVStore):
 
     storage = "int8"
 
-    def __init__(self, geometry: KVGeometry, device, *, key_norm_weights=None) -> None:
-        super().__init__(geometry, device, key_norm_weights=key_norm_weights)
+    def __init__(self, geometry: KVGeometry, device, *, key_norm_weights=None, options=None) -> None:
+        super().__init__(geometry, device, key_norm_weights=key_norm_weights, options=options)
         g = geometry
         shape = (g.num_layers, g.num_pages, g.num_kv_heads, g.page_size, g.head_dim)
         self.k = torch.empty(shape, dtype=torch.int8, device=self.device)

@@ -6,7 +6,8 @@ tileinfer.plugins (built in) or in third-party packages, and are selected by nam
 
 from tileinfer.interfaces.attention import Attention, AttentionSpec, RopeTable, Step
 from tileinfer.interfaces.kv_store import KVGeometry, KVStore, LayerKV
-from tileinfer.interfaces.linear import EPILOGUES, QUANTIZE_MODES, Linear, RMSNorm
+from tileinfer.interfaces.linear import EPILOGUES, Linear, RMSNorm
+from tileinfer.interfaces.pluggable import Pluggable, RunSpec
 from tileinfer.interfaces.proposer import Draft, Proposer, ProposerContext
 from tileinfer.interfaces.sampler import Sample, Sampler, SamplingParams
 
@@ -21,9 +22,10 @@ __all__ = [
     "Linear",
     "Proposer",
     "ProposerContext",
-    "QUANTIZE_MODES",
+    "Pluggable",
     "RMSNorm",
     "RopeTable",
+    "RunSpec",
     "Sample",
     "Sampler",
     "SamplingParams",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from tileinfer.interfaces.kv_store import KVStore
+from tileinfer.interfaces.pluggable import Pluggable, RunSpec
 
 
 @dataclass(frozen=True)
@@ -19,10 +21,6 @@ class AttentionSpec:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float
-
-    @property
-    def group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
 
     @property
     def qkv_size(self) -> int:
@@ -72,14 +70,19 @@ class Step:
         return self.start + self.num_tokens
 
 
-class Attention(ABC):
+class Attention(Pluggable, ABC):
     """Self-attention of one layer over the paged KV cache, for steps of any number of tokens.
 
     Given the fused projection output ``qkv`` (``[T, (H + 2 Hkv) D]`` in the model dtype, q then k
     then v), it applies the per-head q and k RMSNorms, RoPE at the step's positions, writes k and v
     into the KV store, and returns causal grouped-query attention of the new queries over all
     ``step.end`` cached positions: ``[T, H D]`` in the model dtype.
-    ``supported_storage`` lists the KV page formats (``KVStore.storage``) it can read and write.
+
+    The attention writes the step's keys and values; the store only holds them. It writes either
+    through ``KVStore.write`` (any store: the store converts to its page format) or in place into
+    the pages of ``KVStore.layer`` (then it must know the page format: ``supported_storage`` lists
+    the formats, ``KVStore.storage``, it reads and writes, and ``LayerKV`` documents each layout).
+    ``incompatibilities`` rejects a store whose format is not listed.
     """
 
     supported_storage: ClassVar[tuple[str, ...]] = ("dtype",)
@@ -92,12 +95,20 @@ class Attention(ABC):
         q_norm_weight: torch.Tensor,
         k_norm_weight: torch.Tensor,
         rope: RopeTable,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        self._take_options(options)
         self.spec = spec
         self.layer = layer
         self.q_norm_weight = q_norm_weight
         self.k_norm_weight = k_norm_weight
         self.rope = rope
+
+    @classmethod
+    def incompatibilities(cls, run: RunSpec) -> list[str]:
+        if run.kv_storage not in cls.supported_storage:
+            return [f"it cannot read KV pages stored as {run.kv_storage} (it reads: {', '.join(cls.supported_storage)})"]
+        return []
 
     @abstractmethod
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from tileinfer.errors import UsageError
+from tileinfer.interfaces.pluggable import Pluggable
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,12 @@ class LayerKV:
     k_smooth: torch.Tensor | None = None
 
 
-class KVStore(ABC):
+class KVStore(Pluggable, ABC):
     """A pool of fixed-size pages and the block table of the one sequence being generated.
+
+    The store owns the pages and the block table; the attention writes each step's keys and
+    values, through ``write`` or in place through ``layer`` (see ``Attention``), and reads them
+    through ``layer`` (in place) or ``gather`` (dense copies).
 
     The block table (``[num_pages]`` int32 on the device) lists, in order, the pool pages holding
     positions ``[i * page_size, (i + 1) * page_size)``; entries past the reserved pages are
@@ -69,7 +75,9 @@ class KVStore(ABC):
         device: torch.device,
         *,
         key_norm_weights: list[torch.Tensor] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        self._take_options(options)
         self.geometry = geometry
         self.device = torch.device(device)
         self.block_table = torch.zeros(geometry.num_pages, dtype=torch.int32, device=self.device)
@@ -124,7 +132,8 @@ class KVStore(ABC):
 
     @abstractmethod
     def layer(self, layer: int) -> LayerKV:
-        """The layer's pages, scales and smoothing, for kernels that read the cache in place."""
+        """The layer's pages, scales and smoothing, in the layout ``LayerKV`` documents for this
+        store's ``storage``, for kernels that read and write the cache in place."""
 
     @abstractmethod
     def gather(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:

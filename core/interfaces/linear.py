@@ -4,15 +4,16 @@ after it (SwiGLU, the residual add) that an implementation may fuse."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from tileinfer.errors import ConfigError
+from tileinfer.interfaces.pluggable import Pluggable, RunSpec
 
 EPILOGUES = ("none", "swiglu")
-QUANTIZE_MODES = ("none", "int8")
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class RMSNorm:
     eps: float
 
 
-class Linear(ABC):
+class Linear(Pluggable, ABC):
     """One bias-free linear layer, built once at load and called every step.
 
     Construction takes the checkpoint weight, ``[rows, in_features]`` in the model dtype and already
@@ -40,12 +41,13 @@ class Linear(ABC):
       logits (accumulated and written in float32).
     - ``quantize="int8"``: weight-only, symmetric, one int8 row and one float32 scale per output
       channel, quantized here at construction. An implementation lists what it supports in
-      ``supported_quantize``.
+      ``supported_quantize`` (checked by ``incompatibilities`` before any weight loads).
     - ``norm``: the input is RMS-normalized first, ``y = rms_norm(x) W^T`` (the model's
       input_layernorm before qkv, post_attention_layernorm before gate_up, the final norm before
       the lm_head), so that an implementation may fuse the norm into its kernel.
     - A call with ``residual`` (``[T, out_features]``, model dtype; only with model-dtype output)
       returns ``residual + y``, rounded once (the decoder's residual stream after o_proj and down).
+    - ``options``: this implementation's ``declared_options`` values (defaults where not given).
     """
 
     supported_quantize: ClassVar[tuple[str, ...]] = ("none",)
@@ -58,7 +60,9 @@ class Linear(ABC):
         out_dtype: torch.dtype | None = None,
         quantize: str = "none",
         norm: RMSNorm | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        self._take_options(options)
         if epilogue not in EPILOGUES:
             raise ConfigError(f"unknown linear epilogue {epilogue!r}; valid: {', '.join(EPILOGUES)}")
         if quantize not in self.supported_quantize:
@@ -79,6 +83,12 @@ class Linear(ABC):
         if norm is not None and norm.weight.shape != (self.in_features,):
             raise ValueError(f"norm weight must be [{self.in_features}], got {tuple(norm.weight.shape)}")
         self.norm = norm
+
+    @classmethod
+    def incompatibilities(cls, run: RunSpec) -> list[str]:
+        if run.quantize not in cls.supported_quantize:
+            return [f"quantize={run.quantize} is not supported (supported: {', '.join(cls.supported_quantize)})"]
+        return []
 
     @abstractmethod
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from tileinfer.interfaces.pluggable import Pluggable
 
 if TYPE_CHECKING:
     from tileinfer.config import Config
@@ -28,7 +30,8 @@ class Draft:
 @dataclass
 class ProposerContext:
     """What a proposer may use: the target model (its embedding, lm_head, config), the target's
-    sampler, the run's config and the registry (to build a model and KV store of its own)."""
+    sampler, the run's resolved config, the registry (to build a model and KV store of its own) and
+    its own options (validated, defaults filled in)."""
 
     target: "Qwen3Model"
     sampler: "Sampler"
@@ -37,21 +40,19 @@ class ProposerContext:
     options: dict[str, Any] = field(default_factory=dict)
 
 
-class Proposer(ABC):
+class Proposer(Pluggable, ABC):
     """Proposes drafts given the sequence so far, and is told what the target accepted.
 
     Set ``hidden_layers`` to the target decoder layers whose outputs (``[T, hidden]`` per layer,
     before the final norm) the proposer wants: the engine then hands them to ``start`` (prompt
     positions) and ``accept`` (the verify step's positions).
-    ``default_options`` declares the options a user may set under ``options.<name>`` in the config.
     """
 
-    default_options: ClassVar[dict[str, Any]] = {}
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, context: ProposerContext) -> None:
         self.context = context
-        self.options = {**self.default_options, **context.options}
+        self._take_options(context.options)
 
     def start(self, tokens: list[int], hidden: dict[int, torch.Tensor]) -> None:
         """A new generation: ``tokens`` is the prompt and its first sampled token; ``hidden`` the

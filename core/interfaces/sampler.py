@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from tileinfer.errors import ConfigError
+from tileinfer.interfaces.pluggable import Pluggable
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class Sample:
     probs: torch.Tensor | None = None
 
 
-class Sampler(ABC):
+class Sampler(Pluggable, ABC):
     """Draws tokens from float32 logits ``[T, V]``, one per row, with its own seeded generator.
 
     ``probs`` is the distribution ``sample`` draws from (after temperature, top-k, top-p, min-p;
@@ -51,7 +54,9 @@ class Sampler(ABC):
     is the only source of randomness, so a seed reproduces a generation.
     """
 
-    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+    def __init__(self, params: SamplingParams, device: torch.device, *,
+                 options: Mapping[str, Any] | None = None) -> None:
+        self._take_options(options)
         self.params = params
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)

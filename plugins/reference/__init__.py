@@ -1,4 +1,6 @@
-"""Plugin ``reference``: torch ops for every interface (one broadcast or cuBLAS call per op)."""
+"""Plugin ``reference``: torch ops for every interface (one broadcast or cuBLAS call per op).
+
+``auto`` chooses its linear and attention where nothing faster can run (on a CPU)."""
 
 from tileinfer import hookimpl
 from tileinfer.hookspecs import Implementation
@@ -9,9 +11,10 @@ def tileinfer_implementations() -> list[Implementation]:
     here = "tileinfer.plugins.reference"
     return [
         Implementation("linear", "reference", f"{here}.linear:ReferenceLinear",
-                       "torch RMSNorm, matmul (cuBLAS), SwiGLU, residual add; INT8 by dequantize + matmul"),
+                       "torch RMSNorm, matmul (cuBLAS), SwiGLU, residual add; INT8 by dequantize + matmul",
+                       auto=("cpu", "cuda")),
         Implementation("attention", "reference", f"{here}.attention:ReferenceAttention",
-                       "gathers the pages into dense K, V and materializes the scores"),
+                       "gathers the pages into dense K, V and materializes the scores", auto=("cpu", "cuda")),
         Implementation("sampler", "reference", f"{here}.sampler:ReferenceSampler",
                        "greedy, temperature, top-k, top-p, min-p in torch"),
     ]

@@ -13,8 +13,10 @@ from tileinfer.interfaces import Linear
 class ReferenceLinear(Linear):
     supported_quantize = ("none", "int8")
 
-    def __init__(self, weight: torch.Tensor, *, epilogue="none", out_dtype=None, quantize="none", norm=None) -> None:
-        super().__init__(weight, epilogue=epilogue, out_dtype=out_dtype, quantize=quantize, norm=norm)
+    def __init__(self, weight: torch.Tensor, *, epilogue="none", out_dtype=None, quantize="none", norm=None,
+                 options=None) -> None:
+        super().__init__(weight, epilogue=epilogue, out_dtype=out_dtype, quantize=quantize, norm=norm,
+                         options=options)
         if quantize == "int8":
             self.weight, self.scale = quantize_int8(weight)
         else:

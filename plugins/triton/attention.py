@@ -1,79 +1,81 @@
-"""Triton attentions, from one kernel per op with the reference attention to the fused engine.
+"""The Triton Attention: the attention inputs (q/k RMSNorm, RoPE, the paged K/V write) in one
+kernel or a kernel each, then paged flash attention read in place through the block table (the
+split-KV decode kernels for steps of up to 16 tokens, the prefill kernel above) or the reference
+dense attention over gathered pages (``options.triton``).
 
-``TritonRefAttention``: per-op input kernels (copies, q/k RMSNorm, RoPE, KV write), then the
-reference dense attention. ``TritonAttention``: the same inputs, then paged flash attention read
-in place through the block table: the split-KV decode kernels for steps of up to 16 tokens
-(decode and speculative verify), the prefill kernel above. ``TritonFusedAttention``: the inputs in
-one kernel launch (q norm + RoPE; k norm + RoPE + KV write; two launches of it where the q and kv
-heads' norm tiles differ, few heads), bit-identical to the per-op chain.
-Every Triton kernel is launched with programmatic dependent launch where the weights' device
-supports it (Hopper and newer, compiled; backends/triton/pdl.py), decided once at construction.
+The fused input kernel is bit-identical to the per-op chain (:func:`inputs_per_op`), so every
+combination of ``fuse_inputs`` gives the same bits. Pages are written in place: the store must
+hold them in the model dtype (``storage`` ``dtype``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from tileinfer.backends.triton.attention_inputs import attention_inputs, attention_inputs_unfused
-from tileinfer.backends.triton.paged_attention import (
-    DECODE_MAX_TOKENS,
-    decode_splits,
-    paged_decode_attention,
-    paged_prefill_attention,
-)
+from tileinfer.backends.triton.attention_inputs import attention_inputs
+from tileinfer.backends.triton.kv_write import write_kv
+from tileinfer.backends.triton.paged_attention import decode_splits, paged_decode_attention, paged_prefill_attention
 from tileinfer.backends.triton.pdl import pdl_supported
-from tileinfer.interfaces import Attention, KVStore, Step
-from tileinfer.plugins.reference.attention import ReferenceAttention, dense_attention
-from tileinfer.plugins.triton.device import kernels_run_on, notice_reference_twin
+from tileinfer.backends.triton.rms_norm import rms_norm
+from tileinfer.backends.triton.rope import apply_rope
+from tileinfer.interfaces import Attention, KVStore, RunSpec, Step
+from tileinfer.options import Option
+from tileinfer.plugins.reference.attention import dense_attention
+from tileinfer.plugins.triton.kernels_available import device_reasons
+from tileinfer.plugins.triton.linear import PDL
+from tileinfer.steps import MAX_GRAPH_TOKENS
+
+
+def inputs_per_op(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, positions: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                  block_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, *,
+                  pdl: bool = False) -> torch.Tensor:
+    """``attention_inputs`` as a chain of per-op kernels (8 launches): copy the q, k, v slices of
+    ``qkv`` to contiguous tensors, ``rms_norm`` the q and k heads, ``apply_rope`` to both,
+    ``write_kv``. Returns q ``[T, H, D]``; the same bits as the fused kernel."""
+    t, d = qkv.shape[0], head_dim
+    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+    q = q.contiguous().view(t, num_heads, d)
+    k = k.contiguous().view(t, num_kv_heads, d)
+    v = v.contiguous().view(t, num_kv_heads, d)
+    q = apply_rope(rms_norm(q, q_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
+    k = apply_rope(rms_norm(k, k_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
+    write_kv(k_pages, v_pages, block_table, positions, k, v, pdl=pdl)
+    return q
 
 
 class TritonAttention(Attention):
-    name = "attention=triton"
+    supported_storage = ("dtype",)
+    declared_options = (
+        Option("fuse_inputs", bool, True, "q/k RMSNorm, RoPE and the KV write in one kernel (false: a kernel "
+               "each, after copies of the q/k/v slices)"),
+        Option("attend", str, "paged", "paged: flash attention read in place from the pages; dense: the "
+               "reference attention (pages gathered into dense K and V, scores materialized)",
+               choices=("paged", "dense")),
+        PDL,
+    )
 
-    def __init__(self, spec, *, layer, q_norm_weight, k_norm_weight, rope) -> None:
-        super().__init__(spec, layer=layer, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, rope=rope)
-        self._twin = None
-        self.pdl = pdl_supported(q_norm_weight.device)
-        if not kernels_run_on(q_norm_weight.device):
-            notice_reference_twin(self.name)
-            self._twin = ReferenceAttention(spec, layer=layer, q_norm_weight=q_norm_weight,
-                                            k_norm_weight=k_norm_weight, rope=rope)
+    @classmethod
+    def incompatibilities(cls, run: RunSpec) -> list[str]:
+        return super().incompatibilities(run) + device_reasons("attention", run.device)
 
-    def inputs(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
-        """Write the step's k and v into the pages; return q ``[T, H, D]``."""
-        spec, pages = self.spec, kv.layer(self.layer)
-        return attention_inputs_unfused(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
-                                        step.positions, pages.k, pages.v, kv.block_table, spec.num_heads,
-                                        spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps, pdl=self.pdl)
-
-    def attend(self, q: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
-        pages = kv.layer(self.layer)
-        if step.num_tokens > DECODE_MAX_TOKENS:
-            return paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale,
-                                           pdl=self.pdl)
-        splits = None if step.max_context is None else decode_splits(step.max_context)
-        return paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, self.spec.scale,
-                                      positions=step.positions, num_splits=splits, pdl=self.pdl)
+    def __init__(self, spec, *, layer, q_norm_weight, k_norm_weight, rope, options=None) -> None:
+        super().__init__(spec, layer=layer, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, rope=rope,
+                         options=options)
+        self.pdl = self.options["pdl"] and pdl_supported(q_norm_weight.device)
+        self._inputs = attention_inputs if self.options["fuse_inputs"] else inputs_per_op
 
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
-        if self._twin is not None:
-            return self._twin(qkv, step, kv)
-        q = self.inputs(qkv, step, kv)
-        return self.attend(q, step, kv).reshape(step.num_tokens, self.spec.num_heads * self.spec.head_dim)
-
-
-class TritonRefAttention(TritonAttention):
-    name = "attention=triton_refattn"
-
-    def attend(self, q: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
-        return dense_attention(q, step, kv, self.layer, self.spec.scale)
-
-
-class TritonFusedAttention(TritonAttention):
-    name = "attention=triton_fused"
-
-    def inputs(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         spec, pages = self.spec, kv.layer(self.layer)
-        return attention_inputs(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
-                                step.positions, pages.k, pages.v, kv.block_table, spec.num_heads,
-                                spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps, pdl=self.pdl)
+        q = self._inputs(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin, step.positions,
+                         pages.k, pages.v, kv.block_table, spec.num_heads, spec.num_kv_heads, spec.head_dim,
+                         spec.rms_norm_eps, pdl=self.pdl)
+        if self.options["attend"] == "dense":
+            out = dense_attention(q, step, kv, self.layer, spec.scale)
+        elif step.num_tokens > MAX_GRAPH_TOKENS:
+            out = paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale, pdl=self.pdl)
+        else:
+            splits = None if step.max_context is None else decode_splits(step.max_context)
+            out = paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,
+                                         positions=step.positions, num_splits=splits, pdl=self.pdl)
+        return out.reshape(step.num_tokens, spec.num_heads * spec.head_dim)

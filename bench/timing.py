@@ -1,0 +1,89 @@
+"""The one timing harness of bench/: medians after a warm-up, CUDA events on a GPU, the wall clock
+on a CPU.
+
+- ``median_seconds(fn, device)``: ``fn()`` timed ``repeats`` times after ``warmup`` calls; on a GPU
+  each call is bracketed by CUDA events (the device time of what ``fn`` enqueues, host overhead
+  included only where the GPU waited for it).
+- ``graph_seconds(fn)``: ``fn`` captured once into a CUDA graph (after a warm-up on a side stream)
+  and its replay timed as above: the kernels' device time without Python's launch overhead.
+- ``repeat(sample, seconds)``: a sampler that returns its own figure (tok/s, ms), called until a
+  time budget is spent (at least once): for whole generations, which time themselves.
+- ``host_seconds(fn)``: the host's wall time per call of ``fn`` (launch overhead), synchronized.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device | str, repeats: int = 20,
+                   warmup: int = 3) -> float:
+    """Median seconds per call of ``fn`` over ``repeats`` calls after ``warmup`` untimed ones."""
+    cuda = torch.device(device).type == "cuda"
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def capture_graph(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` captured into a CUDA graph after one warm-up call on a side stream (so that kernel
+    compilation and library handles stay out of the graph); returns the graph's replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return graph.replay
+
+
+def graph_seconds(fn: Callable[[], object], repeats: int = 50, warmup: int = 5, calls: int = 1) -> float:
+    """Median device seconds of one ``fn()`` replayed from a CUDA graph; ``calls``: how many calls
+    of the op one ``fn()`` makes (e.g. over rotating weight copies, so that each reads a weight not
+    in L2), the result is per call."""
+    return median_seconds(capture_graph(fn), "cuda", repeats, warmup) / calls
+
+
+def host_seconds(fn: Callable[[], object], calls: int = 100) -> float:
+    """Host wall seconds per call of ``fn`` over ``calls`` calls, the device drained before and after."""
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - began) / calls
+
+
+def repeat(sample: Callable[[], float], seconds: float) -> list[float]:
+    """``sample()`` once, then again until ``seconds`` have passed since the first began."""
+    began = time.perf_counter()
+    samples = [sample()]
+    while time.perf_counter() - began < seconds:
+        samples.append(sample())
+    return samples
+
+
+__all__ = ["capture_graph", "graph_seconds", "host_seconds", "median_seconds", "repeat"]

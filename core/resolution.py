@@ -1,0 +1,114 @@
+"""From a loaded config to the implementations a run uses: ``auto`` resolved, options validated,
+each chosen implementation asked whether it can run. Called through ``config.resolve_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from tileinfer.config import Config, options_of
+from tileinfer.errors import ConfigError
+from tileinfer.hookspecs import KINDS
+from tileinfer.interfaces import RunSpec
+from tileinfer.options import check_options
+from tileinfer.registry import Registry
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the GPU when one is visible, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA GPU is visible; use device=cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on a GPU; float32 on a CPU, where bfloat16 matmuls are emulated and slow."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve(config: Config, registry: Registry) -> Config:
+    """See ``config.resolve_config``."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    _check_option_names(config, registry)
+    kv_class = registry.get("kv_store", config.kv_store)
+    base = RunSpec(device=device, dtype=dtype, quantize=config.quantize, kv_storage=kv_class.storage)
+    chosen: dict[str, str] = {}
+    for kind in KINDS:
+        name = getattr(config, kind)
+        if kind == "proposer" and name == "none":
+            chosen[kind] = name
+        elif name == "auto":
+            chosen[kind] = _choose_auto(kind, config, registry, base)
+        else:
+            cls = registry.get(kind, name)
+            reasons = cls.incompatibilities(_run_for(cls, name, config, base))
+            if reasons:
+                raise ConfigError(f"{kind}={name} cannot run here: {'; '.join(reasons)}")
+            chosen[kind] = name
+    options = {name: dict(values) for name, values in config.options.items()}
+    for kind, name in chosen.items():
+        cls = registry.get(kind, name) if name != "none" else None
+        if cls is not None and cls.declared_options:
+            options.setdefault(name, {}).update(check_options(name, cls.declared_options,
+                                                              options_of(config, name, cls.declared_options)))
+    return dataclasses.replace(config, device=device.type, dtype=dtype_name(dtype), options=options, **chosen)
+
+
+def _run_for(cls: type, name: str, config: Config, base: RunSpec) -> RunSpec:
+    options = check_options(name, cls.declared_options, options_of(config, name, cls.declared_options))
+    return dataclasses.replace(base, options=options)
+
+
+def _choose_auto(kind: str, config: Config, registry: Registry, base: RunSpec) -> str:
+    """The highest-priority implementation ``auto`` may choose on this device that can run."""
+    candidates = registry.auto_candidates(kind, base.device.type)
+    why: list[str] = []
+    for entry in candidates:
+        name = entry.implementation.name
+        cls = registry.get(kind, name)
+        reasons = cls.incompatibilities(_run_for(cls, name, config, base))
+        if not reasons:
+            return name
+        why.append(f"{name}: {'; '.join(reasons)}")
+    if not candidates:
+        raise ConfigError(f"{kind}=auto: no implementation is registered for device {base.device.type}; "
+                          f"name one of: {', '.join(registry.names(kind))}")
+    raise ConfigError(f"{kind}=auto: no implementation can run here ({'; '.join(why)})")
+
+
+def _check_option_names(config: Config, registry: Registry) -> None:
+    """Every ``options.<name>`` names a registered implementation and sets only options that an
+    implementation of that name declares, with valid values."""
+    every = sorted({n for kind in KINDS for n in registry.names(kind)})
+    for name, values in config.options.items():
+        classes = [registry.get(kind, name) for kind in KINDS if name in registry.names(kind)]
+        if not classes:
+            raise ConfigError(f"options.{name}: no implementation has that name; valid: {', '.join(every)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"options.{name} must be a mapping of option names to values, got {values!r}")
+        declared = {option.name: option for cls in classes for option in cls.declared_options}
+        check_options(name, tuple(declared.values()), values)
+
+
+def implementation_options(config: Config, kind: str, registry: Registry) -> dict[str, Any]:
+    """The options of the implementation ``config`` (resolved) chose for ``kind``."""
+    name = getattr(config, kind)
+    cls = registry.get(kind, name)
+    return check_options(name, cls.declared_options, options_of(config, name, cls.declared_options))
+
+
+__all__ = ["dtype_name", "implementation_options", "resolve", "resolve_device", "resolve_dtype"]
