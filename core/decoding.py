@@ -144,14 +144,14 @@ class Decoder:
         done = out[0] in eos or max_new == 1
         yield out[:]
         while not done:
-            new = self._step(ids + out, max_new - len(out))
+            new = self.step(ids + out, max_new - len(out))
             self.counters.steps += 1
             keep, done = _until_stop(new, eos, max_new - len(out))
             out += keep
             yield keep
 
     @torch.inference_mode()
-    def _step(self, sequence: list[int], remaining: int) -> list[int]:
+    def step(self, sequence: list[int], remaining: int) -> list[int]:
         """One step after ``sequence`` (whose last token is not cached yet); the tokens to commit."""
         cached = len(sequence) - 1
         draft = Draft([])
@@ -192,7 +192,7 @@ class Decoder:
         done = False
         while not done:
             if host.sent < max_new:  # step t = host.sent, fed with token t - 1
-                token = self._device_step(token, len(ids) + host.sent - 1)
+                token = self.device_step(token, len(ids) + host.sent - 1)
                 host.send(host.sent, token)
             new = host.receive(host.received)
             if host.received == 1:
@@ -205,7 +205,7 @@ class Decoder:
             yield [new]
 
     @torch.inference_mode()
-    def _device_step(self, token: torch.Tensor, cached: int) -> torch.Tensor:
+    def device_step(self, token: torch.Tensor, cached: int) -> torch.Tensor:
         """Enqueue the step that feeds ``token`` (``[1]`` int64 on the device) at position
         ``cached``; returns the token it samples, on the device. No host sync."""
         self.kv.reserve(cached + 1)

@@ -65,11 +65,16 @@ class TritonAttention(Attention):
         self.pdl = self.options["pdl"] and pdl_supported(q_norm_weight.device)
         self._inputs = attention_inputs if self.options["fuse_inputs"] else inputs_per_op
 
+    def inputs(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        """Write the step's keys and values into the layer's pages; return q ``[T, H, D]``."""
+        spec, pages = self.spec, kv.layer(self.layer)
+        return self._inputs(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
+                            step.positions, pages.k, pages.v, kv.block_table, spec.num_heads, spec.num_kv_heads,
+                            spec.head_dim, spec.rms_norm_eps, pdl=self.pdl)
+
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         spec, pages = self.spec, kv.layer(self.layer)
-        q = self._inputs(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin, step.positions,
-                         pages.k, pages.v, kv.block_table, spec.num_heads, spec.num_kv_heads, spec.head_dim,
-                         spec.rms_norm_eps, pdl=self.pdl)
+        q = self.inputs(qkv, step, kv)
         if self.options["attend"] == "dense":
             out = dense_attention(q, step, kv, self.layer, spec.scale)
         elif step.num_tokens > MAX_GRAPH_TOKENS:

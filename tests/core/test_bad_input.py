@@ -102,8 +102,34 @@ def test_missing_tensor_and_missing_shard(tmp_path, checkpoint_factory):
 def test_unknown_key_and_unknown_name(tiny_checkpoint):
     with pytest.raises(ConfigError, match="unknown config key 'lineaar'"):
         engine_for(tiny_checkpoint, "lineaar=reference")
-    with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: cublas, reference, triton, triton_fused, triton_fused_prologue"):
+    with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: auto, reference, triton$"):
         engine_for(tiny_checkpoint, "linear=fast")
+    with pytest.raises(ConfigError, match="proposer=fast: no plugin registered that name; valid: none, ngram$"):
+        engine_for(tiny_checkpoint, "proposer=fast")
+
+
+def test_bad_options_fail_before_loading(tiny_checkpoint, monkeypatch):
+    """Every option is typed and checked, and each chosen implementation says why it cannot run,
+    before a weight is read."""
+    import tileinfer.engine
+
+    monkeypatch.setattr(tileinfer.engine, "CheckpointReader", None)  # loading would raise TypeError
+    cases = {
+        "options.ngram.n_max=abc": "options.ngram.n_max=abc is not valid: expected an integer",
+        "options.ngram.n_max=0": "options.ngram.n_max=0 is not valid: must be >= 1",
+        "options.ngram.k=3": "options.ngram.k is not an option of ngram; valid: n_min, n_max",
+        "options.triton.attend=flash": "options.triton.attend=flash is not valid; choose one of: paged, dense",
+        "options.triton.pdl=3": "options.triton.pdl=3 is not valid: expected true or false",
+        "options.paged.x=1": "options.paged.x is not an option of paged; valid: \\(it takes none\\)",
+        "options.fast.x=1": "options.fast: no implementation has that name",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            engine_for(tiny_checkpoint, override)
+    with pytest.raises(ConfigError, match="n_min \\(5\\) is larger than options.ngram.n_max \\(4\\)"):
+        engine_for(tiny_checkpoint, "proposer=ngram", "options.ngram.n_min=5")
+    with pytest.raises(ConfigError, match="linear=triton cannot run here: quantize=int8 is not supported"):
+        engine_for(tiny_checkpoint, "linear=triton", "quantize=int8")
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +189,7 @@ def test_no_model_and_no_shipped_model(monkeypatch):
     import tileinfer.engine
 
     monkeypatch.setattr(tileinfer.engine, "shipped_model", lambda: None)
-    with pytest.raises(ConfigError, match="no model given.*models/target is not built yet"):
+    with pytest.raises(ConfigError, match="no model given.*models/target is not installed"):
         tileinfer.Engine.from_config(overrides=BASE, progress=False)
 
 

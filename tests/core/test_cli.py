@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import tileinfer
+from conftest import DEVICE
 from tileinfer.cli import main
 
 # the reference implementations, eager: what these tests mean (the default config is the Triton engine)
@@ -58,12 +59,27 @@ def test_chat_prompt_goes_through_the_template(capsys, tiny_checkpoint):
 def test_plugins_lists_every_interface_with_its_provider(capsys):
     code, out, _ = run(capsys, "plugins", "--json")
     assert code == 0
-    rows = json.loads(out)
-    found = {(r["interface"], r["name"]): r for r in rows}
-    for key in [("linear", "reference"), ("attention", "reference"), ("kv_store", "paged"),
-                ("kv_store", "paged_int8"), ("sampler", "reference"), ("proposer", "ngram")]:
-        assert key in found
+    listing = json.loads(out)
+    found = {(r["interface"], r["name"]): r for r in listing["implementations"]}
+    assert set(found) == {("linear", "reference"), ("linear", "triton"), ("attention", "reference"),
+                          ("attention", "triton"), ("kv_store", "paged"), ("kv_store", "paged_int8"),
+                          ("sampler", "reference"), ("proposer", "ngram")} | {k for k in found if k[1] == "argmin"}
     assert found[("proposer", "ngram")]["plugin"] == "tileinfer.plugins.ngram"
+    assert listing["failures"] == []
+    options = {o["name"]: o for o in found[("linear", "triton")]["options"]}
+    assert options["fuse_epilogue"] == {"name": "fuse_epilogue", "type": "bool", "default": True, "choices": [],
+                                        "minimum": None, "help": options["fuse_epilogue"]["help"]}
+    assert options["matmul"]["choices"] == ["triton", "torch"] and options["matmul"]["default"] == "triton"
+    assert {o["name"] for o in found[("attention", "triton")]["options"]} == {"fuse_inputs", "attend", "pdl"}
+    assert found[("linear", "triton")]["auto"] == ["cuda"] and found[("linear", "reference")]["auto"] == ["cpu", "cuda"]
+
+
+def test_plugins_text_lists_each_option_with_type_default_and_meaning(capsys):
+    code, out, _ = run(capsys, "plugins")
+    assert code == 0
+    assert "options.triton.fuse_epilogue (bool, default true): SwiGLU" in out
+    assert "options.triton.attend (str, default paged; one of paged, dense): " in out
+    assert "options.ngram.n_max (int, default 4; >= 1): " in out
 
 
 def test_config_merges_files_then_overrides(capsys, tmp_path):
@@ -74,7 +90,10 @@ def test_config_merges_files_then_overrides(capsys, tmp_path):
     assert code == 0
     resolved = yaml.safe_load(out)
     assert (resolved["top_k"], resolved["seed"], resolved["proposer"], resolved["top_p"]) == (5, 9, "ngram", 0.5)
-    assert resolved["linear"] == "triton_fused"  # untouched keys keep default.yaml's values
+    assert resolved["kv_store"] == "paged"  # untouched keys keep default.yaml's values
+    assert resolved["linear"] == resolved["attention"] == ("triton" if DEVICE == "cuda" else "reference")  # auto
+    assert resolved["device"] == DEVICE and resolved["dtype"] == ("bfloat16" if DEVICE == "cuda" else "float32")
+    assert resolved["options"]["ngram"] == {"n_min": 1, "n_max": 4}  # the chosen proposer's defaults filled in
 
 
 @pytest.mark.parametrize(
@@ -82,7 +101,9 @@ def test_config_merges_files_then_overrides(capsys, tmp_path):
     [
         (["config", "nonsense_key=1"], 2, ["unknown config key", "kv_store"]),
         (["config", "attention=flash9"], 2, ["attention=flash9", "valid: reference"]),
-        (["config", "proposer=oracle"], 2, ["valid: ngram, none"]),
+        (["config", "proposer=oracle"], 2, ["valid: none, ngram"]),
+        (["config", "options.ngram.n_max=abc"], 2, ["options.ngram.n_max=abc", "integer"]),
+        (["config", "linear=triton", "options.triton.matmul=torch"], 2, ["fuse_epilogue=false"]),
         (["config", "dtype=int4"], 2, ["bfloat16"]),
         (["config", "options.ngram.n_maxx=3"], 2, ["n_max"]),
         (["config", "options.turbo.x=3"], 2, ["options.turbo"]),

@@ -1,8 +1,8 @@
 """Pipelined decoding: the host enqueues step t + 1 before it reads step t's token.
 
-On a CPU the engine ignores ``pipelined`` (with a notice), so the CPU tests put the loop in
-place of the sequential one by hand (``pipelined``), with eager steps and with the stand-in
-graph replay of test_steps; the GPU tests build it through the config key.
+On a CPU the engine ignores ``pipelined`` (with a notice), so the CPU tests build the pipelined
+Decoder by hand (``pipelined``), with eager steps and with the stand-in graph replay of
+test_steps; the GPU tests build it through the config key.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from conftest import DEVICE
 from test_steps import rerun_capture
 from tileinfer.cli import main
 from tileinfer.config import load_config
-from tileinfer.decoding import PipelinedDecoder, pipelining_applies
+from tileinfer.decoding import Decoder
 from tileinfer.interfaces import SamplingParams
 from tileinfer.plugins.reference.sampler import ReferenceSampler
 from tileinfer.steps import EagerSteps, GraphedSteps
@@ -35,17 +35,20 @@ def folder(checkpoint_factory):
     return checkpoint_factory(heads=4, kv_heads=2, head_dim=32, hidden=64, layers=2)
 
 
-def build(folder, variant: str = "reference", **keys) -> tileinfer.Engine:
-    return tileinfer.Engine.from_config(variant, model=str(folder), device=DEVICE, dtype="float32",
-                                        kv_page_size=16, progress=False, **keys)
+PER_OP = {"options": {"triton": {"fuse_epilogue": False, "fuse_inputs": False}}}
+VARIANTS = {"reference": ["reference"], "triton-per-op": ["eager", PER_OP], "triton": ["eager"]}
+
+
+def build(folder, *sources, **keys) -> tileinfer.Engine:
+    return tileinfer.Engine.from_config(*(sources or ["reference"]), model=str(folder), device=DEVICE,
+                                        dtype="float32", kv_page_size=16, progress=False, **keys)
 
 
 def pipelined(engine: tileinfer.Engine, *, replayed: bool = False) -> tileinfer.Engine:
-    """Put the pipelined loop in place (the engine does not on a CPU); ``replayed``: steps from the
+    """Put a pipelined Decoder in place (the engine does not on a CPU); ``replayed``: steps from the
     stand-in graph capture, whose static token buffer then receives each token from the sampler."""
-    if replayed:
-        engine.steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
-    engine.pipeline = PipelinedDecoder(engine.model, engine.kv, engine.sampler, engine.steps)
+    steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture) if replayed else engine.decoder.steps
+    engine.decoder = Decoder(engine.model, engine.kv, engine.sampler, steps, pipelined=True)
     return engine
 
 
@@ -115,8 +118,8 @@ def test_the_host_enqueues_the_next_step_before_it_reads_a_token(folder):
     base = build(folder).generate(PROMPT, max_new_tokens=NEW).token_ids
     eos, index = first_seen_at_or_after(base, 5)
     engine = with_eos(pipelined(build(folder)), eos)
-    decoder, events, sampled, fed = engine.pipeline, [], [], []
-    step, receive, sample, forward = decoder.step, decoder.host.receive, engine.sampler.sample, engine.steps.forward
+    decoder, events, sampled, fed = engine.decoder, [], [], []
+    step, receive, sample, forward = decoder.device_step, decoder.host.receive, engine.sampler.sample, decoder.steps.forward
 
     def logged_step(token, cached):
         events.append(("step", cached))
@@ -135,8 +138,8 @@ def test_the_host_enqueues_the_next_step_before_it_reads_a_token(folder):
         fed.append(tokens)
         return forward(tokens, start)
 
-    decoder.step, decoder.host.receive = logged_step, logged_receive
-    engine.sampler.sample, engine.steps.forward = logged_sample, logged_forward
+    decoder.device_step, decoder.host.receive = logged_step, logged_receive
+    engine.sampler.sample, decoder.steps.forward = logged_sample, logged_forward
     for max_new, n in ((NEW, index + 1), (index + 1, index + 1), (index, index)):  # EOS; EOS at the length; length
         for log in (events, sampled, fed):
             log.clear()
@@ -169,7 +172,7 @@ def test_pipelined_key_is_accepted_on_a_cpu_with_a_notice(folder, capsys):
     engine = build(folder, pipelined=True)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "notice: pipelined has no effect on device cpu" in err
-    assert engine.pipeline is None
+    assert not engine.decoder.pipelined
     assert engine.generate(PROMPT, max_new_tokens=NEW).token_ids == build(folder).generate(
         PROMPT, max_new_tokens=NEW).token_ids
 
@@ -180,20 +183,10 @@ def test_with_a_proposer_decoding_is_sequential_with_a_notice(folder, capsys):
     assert err.count("\n") == 1 and err.startswith("notice: pipelined")
     if DEVICE == "cuda":
         assert "proposer=ngram" in err and "decoding sequentially" in err
-    assert engine.pipeline is None
+    assert not engine.decoder.pipelined
     plain = build(folder).generate(PROMPT * 2, max_new_tokens=NEW)
     result = engine.generate(PROMPT * 2, max_new_tokens=NEW)
     assert result.token_ids == plain.token_ids and result.stats.drafted_tokens > 0
-
-
-def test_pipelining_applies_only_on_a_gpu_without_a_proposer(capsys):
-    """Decided from the device and the proposer alone (no GPU needed to check it)."""
-    assert pipelining_applies(torch.device("cuda"), "none") and capsys.readouterr().err == ""
-    assert not pipelining_applies(torch.device("cuda"), "ngram")
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "proposer=ngram" in err and "decoding sequentially" in err
-    assert not pipelining_applies(torch.device("cpu"), "none")
-    assert "no effect on device cpu" in capsys.readouterr().err
 
 
 def test_config_has_the_key(capsys):
@@ -205,10 +198,10 @@ def test_config_has_the_key(capsys):
 # -- GPU ---------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def no_sync_in(decoder: PipelinedDecoder):
+def no_sync_in(decoder: Decoder):
     """Make any synchronizing CUDA call (``.item()``, a blocking copy, ``torch.multinomial``'s
     checks) raise while ``decoder`` enqueues a step and its token's copy to the host."""
-    step, send = decoder.step, decoder.host.send
+    step, send = decoder.device_step, decoder.host.send
 
     def strict(fn):
         def call(*args):
@@ -219,28 +212,28 @@ def no_sync_in(decoder: PipelinedDecoder):
                 torch.cuda.set_sync_debug_mode("default")
         return call
 
-    decoder.step, decoder.host.send = strict(step), strict(send)
+    decoder.device_step, decoder.host.send = strict(step), strict(send)
     try:
         yield
     finally:
-        decoder.step, decoder.host.send = step, send
+        decoder.device_step, decoder.host.send = step, send
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("variant", ["reference", "unfused-eager", "tile-eager"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_pipelined_gives_the_eager_tokens_on_the_gpu(folder, variant, graphs, sampling):
     keys = SAMPLINGS[sampling]
     # Greedy: the eager steps' tokens. Sampled: those of the same steps runner decoding
     # sequentially (a rounding difference between runners could flip a draw on a near tie).
-    reference = build(folder, variant, cuda_graphs=graphs and bool(keys), **keys)
+    reference = build(folder, *VARIANTS[variant], cuda_graphs=graphs and bool(keys), **keys)
     base = reference.generate(PROMPT, max_new_tokens=NEW).token_ids
     eos, index = first_seen_at_or_after(base, 5)
     for _ in range(2):  # the second time, a fresh engine after another in the same process
-        engine = build(folder, variant, cuda_graphs=graphs, pipelined=True, **keys)
-        assert engine.pipeline is not None
-        assert isinstance(engine.steps, GraphedSteps if graphs else EagerSteps)
+        engine = build(folder, *VARIANTS[variant], cuda_graphs=graphs, pipelined=True, **keys)
+        assert engine.decoder.pipelined
+        assert isinstance(engine.decoder.steps, GraphedSteps if graphs else EagerSteps)
         length = engine.generate(PROMPT, max_new_tokens=NEW)  # across the page boundaries 16 and 32
         assert length.token_ids == base
         assert length.stats.finish_reason == "length" and engine.kv.length == len(PROMPT) + NEW - 1
@@ -253,8 +246,8 @@ def test_pipelined_gives_the_eager_tokens_on_the_gpu(folder, variant, graphs, sa
 @pytest.mark.parametrize("sampling", SAMPLINGS)
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_a_pipelined_step_does_not_sync_on_the_gpu(folder, graphs, sampling):
-    engine = build(folder, "tile-eager", cuda_graphs=graphs, pipelined=True, **SAMPLINGS[sampling])
+    engine = build(folder, "eager", cuda_graphs=graphs, pipelined=True, **SAMPLINGS[sampling])
     warm = engine.generate(PROMPT, max_new_tokens=NEW)  # kernels compiled, graphs captured
-    with no_sync_in(engine.pipeline):
+    with no_sync_in(engine.decoder):
         checked = engine.generate(PROMPT, max_new_tokens=NEW)  # new KV pages at 16 and 32 included
     assert checked.token_ids == warm.token_ids

@@ -52,6 +52,37 @@ def test_two_plugins_registering_one_name_is_an_error_naming_both():
     assert "tileinfer.plugins.reference" in message and "my_twin_plugin" in message
 
 
+class _NotAList:
+    @tileinfer.hookimpl
+    def tileinfer_implementations(self):
+        return tileinfer.Implementation("sampler", "lonely", "x:Y")
+
+
+class _Raises:
+    @tileinfer.hookimpl
+    def tileinfer_implementations(self):
+        raise RuntimeError("no GPU driver")
+
+
+def test_a_plugin_whose_hook_fails_is_named_and_the_others_still_load():
+    pm = plugin_manager(entry_points=False)
+    pm.register(_NotAList(), name="not_a_list_plugin")
+    pm.register(_Raises(), name="raising_plugin")
+    registry = build_registry(pm)
+    assert registry.names("sampler") == ["reference"] and registry.names("linear") == ["reference", "triton"]
+    assert len(registry.failures) == 2
+    assert any("plugin not_a_list_plugin" in f and "returned Implementation, not a list" in f for f in registry.failures)
+    assert any("plugin raising_plugin" in f and "RuntimeError: no GPU driver" in f for f in registry.failures)
+    with pytest.raises(ConfigError, match="sampler=lonely: .*plugins that failed to load: .*not_a_list_plugin"):
+        registry.get("sampler", "lonely")
+
+
+def test_auto_and_none_are_not_implementation_names():
+    for name in ("auto", "none"):
+        with pytest.raises(ValueError, match="other than 'auto' and 'none'"):
+            tileinfer.Implementation("linear", name, "x:Y")
+
+
 class _Broken:
     @tileinfer.hookimpl
     def tileinfer_implementations(self):
@@ -63,7 +94,7 @@ def test_an_implementation_that_cannot_be_imported_is_reported_when_selected():
     pm.register(_Broken(), name="broken_plugin")
     registry = build_registry(pm)
     assert "broken" in registry.names("linear")  # listing does not import it
-    with pytest.raises(PluginError, match="linear=broken \\(plugin broken_plugin\\): cannot import"):
+    with pytest.raises(PluginError, match="linear=broken \\(plugin broken_plugin \\(tileinfer \\(built in\\)\\)\\): cannot import"):
         registry.get("linear", "broken")
 
 
@@ -85,7 +116,7 @@ def _cli(site: Path, *argv: str) -> subprocess.CompletedProcess:
 def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, tiny_checkpoint):
     listed = _cli(demo_site, "plugins", "--json")
     assert listed.returncode == 0, listed.stderr
-    rows = {(r["interface"], r["name"]): r for r in json.loads(listed.stdout)}
+    rows = {(r["interface"], r["name"]): r for r in json.loads(listed.stdout)["implementations"]}
     assert rows[("sampler", "argmin")]["distribution"] == "tileinfer-demo-sampler"
     assert rows[("sampler", "argmin")]["plugin"] == "demo_sampler"
 
@@ -111,3 +142,23 @@ def test_without_the_package_the_name_is_unknown(tiny_checkpoint):
     with pytest.raises(ConfigError, match="sampler=argmin"):
         tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", sampler="argmin", progress=False)
 
+
+
+def test_a_package_that_fails_to_import_is_named_and_every_command_still_works(tmp_path, tiny_checkpoint):
+    """An installed entry point whose module raises on import: ``tileinfer plugins`` lists the rest
+    and shows the failure with the plugin and its distribution; generate still runs."""
+    site = tmp_path / "site"
+    dist = site / "broken_tileinfer_plugin-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-tileinfer-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[tileinfer]\nbroken = broken_tileinfer_plugin\n")
+    (site / "broken_tileinfer_plugin.py").write_text("raise ImportError('needs libfoo.so')\n")
+    listed = _cli(site, "plugins")
+    assert listed.returncode == 0, listed.stderr
+    assert "reference" in listed.stdout
+    assert ("failed to load: plugin broken (broken-tileinfer-plugin): ImportError: needs libfoo.so"
+            in listed.stdout)
+    run = _cli(site, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", "1,2,3", "--max-new-tokens", "2",
+               "--json", "device=cpu", "dtype=float32")
+    assert run.returncode == 0, run.stderr
+    assert len(json.loads(run.stdout)["token_ids"]) == 2

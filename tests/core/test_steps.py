@@ -8,6 +8,7 @@ import pytest
 
 import tileinfer
 from conftest import DEVICE
+from tileinfer.decoding import Decoder
 from tileinfer.steps import GraphedSteps
 
 
@@ -25,6 +26,12 @@ def rerun_capture(fn, pool):
     return replay, (logits, hidden)
 
 
+def use_steps(engine: tileinfer.Engine, steps) -> None:
+    """Decode with ``steps`` in place of the engine's step runner (sequential, as the engine's own)."""
+    engine.decoder = Decoder(engine.model, engine.kv, engine.sampler, steps, proposer=engine.proposer,
+                             spec_k=engine.config.spec_k)
+
+
 PROMPT = [(7 * i) % 23 + 40 for i in range(18)] * 2  # repetitive: n-gram drafts, verify steps of several tokens
 
 
@@ -33,17 +40,26 @@ def folder(checkpoint_factory):
     return checkpoint_factory(heads=4, kv_heads=2, head_dim=32, hidden=64, layers=2)
 
 
+PER_OP = {"options": {"triton": {"fuse_epilogue": False, "fuse_inputs": False}}}
+TORCH_MATMUL = {"options": {"triton": {"fuse_epilogue": False, "matmul": "torch"}}}
+# Shipped configs and option overrides; "triton" configs name the implementation (auto would take
+# the reference on a CPU), so that the Triton kernels run under the interpreter there.
+VARIANTS = {"reference": ["reference"], "triton": ["eager", {"linear": "triton", "attention": "triton"}],
+            "triton-per-op": ["eager", {"linear": "triton", "attention": "triton"}, PER_OP],
+            "triton-torch-matmul": ["eager", {"linear": "triton", "attention": "triton"}, TORCH_MATMUL]}
+
+
 def generate(folder, variant, replayed, **keys):
-    engine = tileinfer.Engine.from_config(variant, model=str(folder), device=DEVICE, dtype="float32",
+    engine = tileinfer.Engine.from_config(*VARIANTS[variant], model=str(folder), device=DEVICE, dtype="float32",
                                           kv_page_size=16, progress=False, **keys)
     if replayed:
-        engine.steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
+        use_steps(engine, GraphedSteps(engine.model, engine.kv, capture=rerun_capture))
     result = engine.generate(PROMPT, max_new_tokens=14)  # positions 36 to 49: cross a page boundary (48)
-    return result, engine.steps
+    return result, engine.decoder.steps
 
 
 @pytest.mark.parametrize("variant, proposer", [("reference", "none"), ("reference", "ngram"),
-                                               ("tile-eager", "ngram")])
+                                               ("triton", "ngram")])
 def test_replayed_steps_give_the_eager_tokens(folder, variant, proposer):
     eager, _ = generate(folder, variant, replayed=False, proposer=proposer, spec_k=3)
     replayed, steps = generate(folder, variant, replayed=True, proposer=proposer, spec_k=3)
@@ -76,7 +92,7 @@ def test_cuda_graphs_key_is_accepted_on_a_cpu_with_a_notice(folder, capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["reference", "unfused-eager", "tile-eager", "cublas-linears"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_cuda_graphs_give_the_eager_tokens_on_the_gpu(folder, variant):
     eager, _ = generate(folder, variant, replayed=False, proposer="ngram", spec_k=3)
     graphed, steps = generate(folder, variant, replayed=False, proposer="ngram", spec_k=3, cuda_graphs=True)
@@ -92,8 +108,9 @@ def test_graphs_captured_up_front_leave_no_sequence_and_the_same_tokens(folder):
     eager, _ = generate(folder, "reference", replayed=False, proposer="ngram", spec_k=3)
     engine = tileinfer.Engine.from_config("reference", model=str(folder), device=DEVICE, dtype="float32",
                                           kv_page_size=16, proposer="ngram", spec_k=3, progress=False)
-    engine.steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
-    engine.steps.capture(range(1, 5))
-    assert sorted(engine.steps.graphs) == [1, 2, 3, 4] and engine.kv.length == 0
+    steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
+    use_steps(engine, steps)
+    steps.capture(range(1, 5))
+    assert sorted(steps.graphs) == [1, 2, 3, 4] and engine.kv.length == 0
     result = engine.generate(PROMPT, max_new_tokens=14)
-    assert result.token_ids == eager.token_ids and sorted(engine.steps.graphs) == [1, 2, 3, 4]
+    assert result.token_ids == eager.token_ids and sorted(steps.graphs) == [1, 2, 3, 4]
