@@ -31,14 +31,6 @@ class ModelConfig:
     def attention(self) -> AttentionSpec:
         return AttentionSpec(self.num_heads, self.num_kv_heads, self.head_dim, self.rms_norm_eps)
 
-    def num_parameters(self) -> int:
-        """Parameters of the model as stored (the lm_head counted once more when untied)."""
-        h, d = self.hidden_size, self.head_dim
-        layer = (h * (self.num_heads + 2 * self.num_kv_heads) * d + self.num_heads * d * h
-                 + 3 * h * self.intermediate_size + 2 * h + 2 * d)
-        embed = self.vocab_size * h
-        return self.num_layers * layer + embed * (1 if self.tie_word_embeddings else 2) + h
-
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Hugging Face tensor names of the checkpoint and their shapes."""
         h, d, i = self.hidden_size, self.head_dim, self.intermediate_size

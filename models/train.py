@@ -24,8 +24,8 @@ included: ``--reserve-s``), and stopped when only the reserve is left regardless
 ``--ckpt-every`` steps and at the end; ``--resume`` continues from it and gives the same weights as
 an uninterrupted run.
 
-Writes into RUN_DIR: ``model/`` (the Hugging Face checkpoint in BF16: config.json, safetensors
-shards under 15 MB, generation_config.json whose EOS ids are <|im_end|> and <|endoftext|>, and the
+Writes into RUN_DIR: ``model/`` (the Hugging Face checkpoint in BF16: config.json, one
+model.safetensors, generation_config.json whose EOS ids are <|im_end|> and <|endoftext|>, and the
 tokenizer's files), ``eval.json`` (held-out loss, perplexity, bits per byte, sizes, speed),
 ``history.json`` and ``loss.png`` (train and held-out loss; needs matplotlib), ``ckpt/state.pt``.
 """
@@ -60,7 +60,6 @@ SIZES = {
 }
 # Peak learning rate and sequences per step, per size (overridable on the command line).
 HYPER = {"target": dict(lr=2e-3, batch=64), "draft": dict(lr=3e-3, batch=64), "tiny": dict(lr=3e-3, batch=4)}
-MAX_SHARD = "15MB"  # each safetensors file < 16 MiB (the device tool brings back files of at most 16 MiB)
 
 
 @dataclass
@@ -211,7 +210,7 @@ def save_model(model, folder: Path, tokenizer_dir: Path) -> None:
     copy.config.dtype = torch.bfloat16
     copy.generation_config = GenerationConfig(eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT,
                                               do_sample=False)
-    copy.save_pretrained(folder, max_shard_size=MAX_SHARD)
+    copy.save_pretrained(folder)  # one model.safetensors
     copy_files(tokenizer_dir, folder)
 
 

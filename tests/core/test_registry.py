@@ -14,7 +14,7 @@ import torch
 
 import tileinfer
 from tileinfer.errors import ConfigError, PluginError
-from tileinfer.interfaces import Step
+from tileinfer.interfaces import Sampler, Step
 from tileinfer.registry import build_registry, plugin_manager
 
 DEMO = Path(__file__).parents[1] / "third_party" / "tileinfer_demo_sampler"
@@ -136,6 +136,56 @@ def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, 
     expected = logits[len(prompt) - 1: -1].argmin(-1).tolist()
     assert tokens == expected
     assert tokens != engine.generate(prompt, max_new_tokens=6).token_ids  # not the greedy result
+
+    ranked = _cli(demo_site, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", ",".join(map(str, prompt)),
+                  "--max-new-tokens", "1", "--json", "device=cpu", "dtype=float32", "sampler=argmin",
+                  "options.argmin.rank=1")
+    assert ranked.returncode == 0, ranked.stderr
+    assert json.loads(ranked.stdout)["token_ids"] == [int(logits[len(prompt) - 1].argsort()[1])]
+    bad = _cli(demo_site, "config", "sampler=argmin", "options.argmin.rank=-1")
+    assert bad.returncode == 2 and bad.stderr == "error: options.argmin.rank=-1 is not valid: must be >= 0\n"
+
+
+def _readme_block(language: str, first_line: str) -> str:
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    for block in text.split("```" + language + "\n")[1:]:
+        block = block.split("```")[0]
+        if block.startswith(first_line):
+            return block
+    raise AssertionError(f"no {language} block starting with {first_line!r} in README.md")
+
+
+def test_the_readme_plugin_example_is_the_tested_package():
+    """The README's plugin example is the demo package these tests install, file for file, so it
+    works when pasted."""
+    plugin = (DEMO / "tileinfer_demo_sampler" / "plugin.py").read_text()
+    assert _readme_block("python", "# my_sampler/plugin.py\n") == "# my_sampler/plugin.py\n" + plugin
+    pyproject = (DEMO / "pyproject.toml").read_text()
+    expected = pyproject.replace("tileinfer-demo-sampler", "my-sampler").replace("tileinfer_demo_sampler", "my_sampler")
+    assert _readme_block("toml", "# my_sampler/pyproject.toml\n") == "# my_sampler/pyproject.toml\n" + expected
+
+
+class _SampleLess:
+    @tileinfer.hookimpl
+    def tileinfer_implementations(self):
+        return [tileinfer.Implementation("sampler", "stub", _StubSampler)]
+
+
+class _StubSampler(Sampler):
+    def probs(self, logits):
+        ...
+
+    def sample(self, logits, *, return_probs=False):
+        ...
+
+
+def test_a_sampler_that_returns_no_sample_is_named_in_the_error(tiny_checkpoint):
+    pm = plugin_manager(entry_points=False)
+    pm.register(_SampleLess(), name="stub_plugin")
+    engine = tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", sampler="stub",
+                                          registry=build_registry(pm), progress=False)
+    with pytest.raises(PluginError, match="sampler=stub \\(plugin stub_plugin .*\\): sample\\(\\) returned None"):
+        engine.generate([1, 2, 3], max_new_tokens=2)
 
 
 def test_without_the_package_the_name_is_unknown(tiny_checkpoint):

@@ -1,1 +1,1 @@
-"""A third-party tileinfer plugin used by the tests (installed into a temporary folder)."""
+"""A tileinfer plugin package: the README's example, installed and used by the tests."""

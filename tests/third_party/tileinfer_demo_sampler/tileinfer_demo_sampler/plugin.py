@@ -1,4 +1,4 @@
-"""Registers sampler ``argmin``: always the least likely token, easy to recognise in a test."""
+"""A tileinfer plugin: sampler ``argmin``, the least likely token (easy to recognise in a test)."""
 
 import torch
 
@@ -7,8 +7,14 @@ from tileinfer.interfaces import Sample, Sampler
 
 
 class ArgminSampler(Sampler):
+    """The least likely token; with ``options.argmin.rank=r``, the (r + 1)-th least likely."""
+
+    declared_options = (tileinfer.Option("rank", int, 0, "0: the least likely token; r: the (r + 1)-th",
+                                         minimum=0),)
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.one_hot(logits.argmin(-1), logits.shape[-1]).float()
+        token = logits.argsort(-1)[:, self.options["rank"]]
+        return torch.nn.functional.one_hot(token, logits.shape[-1]).float()
 
     def sample(self, logits: torch.Tensor, *, return_probs: bool = False) -> Sample:
         probs = self.probs(logits)
@@ -17,4 +23,4 @@ class ArgminSampler(Sampler):
 
 @tileinfer.hookimpl
 def tileinfer_implementations():
-    return [tileinfer.Implementation("sampler", "argmin", ArgminSampler, "the least likely token (demo)")]
+    return [tileinfer.Implementation("sampler", "argmin", ArgminSampler, "the least likely token")]
