@@ -5,13 +5,9 @@ from __future__ import annotations
 import torch
 
 from tileinfer import hookimpl
-from tileinfer.backends.reference.kv_cache import (
-    dequantize_per_vector,
-    gather_pages,
-    key_smoothing,
-    quantize_per_vector,
-    write_pages,
-)
+from tileinfer.backends.reference.kv_quant import dequantize_per_vector, key_smoothing, quantize_per_vector
+from tileinfer.backends.reference.kv_write import write_pages
+from tileinfer.backends.reference.paged_attention import gather_pages
 from tileinfer.hookspecs import Implementation
 from tileinfer.interfaces import KVGeometry, KVStore, LayerKV
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from tileinfer.backends.reference.attention import causal_attention
-from tileinfer.backends.reference.norm import rms_norm
+from tileinfer.backends.reference.paged_attention import causal_attention
+from tileinfer.backends.reference.rms_norm import rms_norm
 from tileinfer.backends.reference.rope import apply_rope
 from tileinfer.interfaces import Attention, KVStore, Step
 
 
 class ReferenceAttention(Attention):
-    """Gathers the layer's pages into dense K and V every step and materializes the scores."""
+    """Gathers the layer's pages into dense K and V every step and materializes the scores. It
+    writes through ``KVStore.write``, so it works with any store's page format."""
 
     supported_storage = ("dtype", "int8")
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from tileinfer.backends.reference.linear import linear, linear_int8, quantize_int8, silu_mul
-from tileinfer.backends.reference.norm import rms_norm
+from tileinfer.backends.reference.linear import linear
+from tileinfer.backends.reference.linear_int8 import linear_int8, quantize_int8
+from tileinfer.backends.reference.rms_norm import rms_norm
+from tileinfer.backends.reference.silu_mul import silu_mul
 from tileinfer.interfaces import Linear
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from tileinfer.backends.triton import SMALL_STEP_MAX_TOKENS
 from tileinfer.backends.triton.attention_inputs import attention_inputs
 from tileinfer.backends.triton.kv_write import write_kv
 from tileinfer.backends.triton.paged_attention import decode_splits, paged_decode_attention, paged_prefill_attention
@@ -23,7 +24,6 @@ from tileinfer.options import Option
 from tileinfer.plugins.reference.attention import dense_attention
 from tileinfer.plugins.triton.kernels_available import device_reasons
 from tileinfer.plugins.triton.linear import PDL
-from tileinfer.steps import MAX_GRAPH_TOKENS
 
 
 def inputs_per_op(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, cos: torch.Tensor,
@@ -77,7 +77,7 @@ class TritonAttention(Attention):
         q = self.inputs(qkv, step, kv)
         if self.options["attend"] == "dense":
             out = dense_attention(q, step, kv, self.layer, spec.scale)
-        elif step.num_tokens > MAX_GRAPH_TOKENS:
+        elif step.num_tokens > SMALL_STEP_MAX_TOKENS:
             out = paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale, pdl=self.pdl)
         else:
             splits = None if step.max_context is None else decode_splits(step.max_context)

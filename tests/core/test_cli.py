@@ -100,7 +100,7 @@ def test_config_merges_files_then_overrides(capsys, tmp_path):
     "argv, status, words",
     [
         (["config", "nonsense_key=1"], 2, ["unknown config key", "kv_store"]),
-        (["config", "attention=flash9"], 2, ["attention=flash9", "valid: reference"]),
+        (["config", "attention=flash9"], 2, ["attention=flash9", "valid: auto, reference, triton"]),
         (["config", "proposer=oracle"], 2, ["valid: none, ngram"]),
         (["config", "options.ngram.n_max=abc"], 2, ["options.ngram.n_max=abc", "integer"]),
         (["config", "linear=triton", "options.triton.matmul=torch"], 2, ["fuse_epilogue=false"]),

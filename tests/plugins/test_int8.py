@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import tileinfer
-from tileinfer.backends.reference.kv_cache import key_smoothing
+from tileinfer.backends.reference.kv_quant import key_smoothing
 from tileinfer.interfaces import Step
 from tileinfer.plugins.paged_kv import PagedInt8KVStore
 

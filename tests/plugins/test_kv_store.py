@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer.backends.reference.kv_cache import key_smoothing
+from tileinfer.backends.reference.kv_quant import key_smoothing
 from tileinfer.errors import UsageError
 from tileinfer.interfaces import KVGeometry, KVStore
 from tileinfer.registry import build_registry
