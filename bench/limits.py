@@ -1,19 +1,18 @@
 """The machine's limits, measured in the same run as the figures they bound.
 
 - copy bandwidth: ``dst.copy_(src)`` of a large buffer, bytes read + written over the time
-  (median of several copies; CUDA events on a GPU, a wall clock on a CPU);
+  (``timing.median_seconds`` of several copies: CUDA events on a GPU, a wall clock on a CPU);
 - matmul peak: a square BF16 matmul (8192^3 on a GPU, 256^3 on a CPU) of random data,
   ``2 n^3`` FLOPs over the time (median).
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
+
+from timing import median_seconds
 
 
 @dataclass
@@ -26,31 +25,12 @@ class Limits:
         return asdict(self)
 
 
-def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int = 3) -> float:
-    times = []
-    for i in range(warmup + repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            seconds = start.elapsed_time(end) / 1e3
-        else:
-            began = time.perf_counter()
-            fn()
-            seconds = time.perf_counter() - began
-        if i >= warmup:
-            times.append(seconds)
-    return statistics.median(times)
-
-
 def copy_bandwidth(device: torch.device, mib: int | None = None, repeats: int = 20) -> float:
     """Device-to-device copy, bytes read + written per second (median)."""
     mib = mib or (2048 if device.type == "cuda" else 64)
     src = torch.randn(mib * 2**19, dtype=torch.bfloat16, device=device)  # 2 bytes each
     dst = torch.empty_like(src)
-    seconds = _median_seconds(lambda: dst.copy_(src), device, repeats)
+    seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
     return 2 * src.numel() * src.element_size() / seconds
 
 
@@ -60,7 +40,7 @@ def matmul_peak(device: torch.device, n: int | None = None, repeats: int = 20) -
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
-    seconds = _median_seconds(lambda: torch.matmul(a, b, out=out), device, repeats if device.type == "cuda" else 5)
+    seconds = median_seconds(lambda: torch.matmul(a, b, out=out), device, repeats if device.type == "cuda" else 5)
     return 2.0 * n**3 / seconds
 
 

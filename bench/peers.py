@@ -28,7 +28,6 @@ from pathlib import Path
 
 import torch
 
-from tileinfer.config import Config
 from tileinfer.interfaces import Step
 from workloads import EngineRunner, Workload, free_memory, random_prompt
 
@@ -131,10 +130,11 @@ class CompiledEngineRunner(EngineRunner):
         if "max_context" not in {f.name for f in dataclasses.fields(Step)}:
             raise RuntimeError("not run: this engine's Step has no max_context, so the reference attention's "
                                "shapes change every step and CUDA graphs would be recorded once per position")
-        if "cuda_graphs" in {f.name for f in dataclasses.fields(Config)}:
-            overrides = [*overrides, "cuda_graphs=false"]  # torch.compile captures the graphs
+        # configs/reference.yaml: eager steps; torch.compile captures the graphs.
         super().__init__(folder, ["reference"], overrides, kv_capacity)
-        model, kv = self.engine.model, self.engine.kv
+        model, kv = getattr(self.engine, "model", None), self.engine.kv
+        if model is None:
+            raise RuntimeError("not run: this engine exposes no model whose forward could be compiled")
         for tensor in [*_tensors(model), *_tensors(kv)]:
             torch._dynamo.mark_static_address(tensor, guard=False)
         eager = model.forward

@@ -1,111 +1,44 @@
-"""Records and their presentation: results.json, the Markdown tables, the bar chart.
+"""results.md (and results.png) from the rows of one commit's matrix; the merge of its parts.
 
-A record is one row of the matrix (one shape x variant-or-peer x workload). ``value`` is null
-when the row was not measured, and ``note`` says why (a config that does not load, an
-incompatible combination, out of memory, a peer that failed). Tables: (1) the summary (default
-and the quantized variants: prefill ms and TFLOP/s, decode tok/s and fraction of the roofline),
-(2) the ablation (every variant and the gain of the feature it switches off: default over the
-variant, > 1 when the feature helps), (3) the CUDA-graph chain, (4) the peers (their figures and
-our default's speed over theirs). A gain divides by the default row of the same run (``date``);
-results.json keeps a replaced default row, ``superseded: true``, while rows of its run remain, and
-a gain against another run's default is marked.
+    python bench/report.py --merge DIR [DIR ...] --out DIR   # parts of one commit -> one results.*
+    python bench/report.py --render DIR                      # DIR/results.md and .png from DIR/results.json
+
+--merge reads each DIR/results.json (one part of bench/gpu_matrix.sh, or any run of
+bench/run.py), refuses parts of different commits or GPUs and rows measured by two parts, and
+writes results.json, results.md and (with matplotlib) results.png under --out from scratch.
+--render refuses a results.json that is not one such matrix (e.g. rows of several runs).
+
+Tables, one section per shape: (1) the summary (default and the quantized variants: prefill ms and
+TFLOP/s, decode tok/s and fraction of the roofline), (2) the ablation (every variant and the gain
+of the feature it switches off: default over the variant, > 1 when the feature helps), (3) the
+CUDA-graph chain, (4) the peers (their figures and our default's speed over theirs). Every gain
+divides by the default measured in the same part (run); where a part measured no default, or the
+two rows of a chain step come from different parts, the gain is left blank.
 """
 
 from __future__ import annotations
 
-import datetime
+import argparse
 import json
-import math
-import subprocess
+import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).parent))
 
-from limits import Limits
-from roofline import decode_roofline_tok_s, prefill_flops
-from tileinfer.model_config import ModelConfig
-from variants import QUANTIZED, VARIANTS
-from workloads import NAMES, Measurement, Workload
+import chart  # noqa: E402
+import records as records_mod  # noqa: E402
+from peers import PEERS  # noqa: E402
+from records import CombineError, name  # noqa: E402
+from variants import QUANTIZED, VARIANTS  # noqa: E402
+from workloads import NAMES  # noqa: E402
 
-REQUIRED = ("shape", "variant", "workload", "value", "unit", "roofline_fraction", "tflops", "peak_fraction", "peer",
-            "gpu", "torch", "triton", "commit", "date")
-
-
-def environment(limits: Limits, commit: str | None = None) -> dict:
-    """Where and when: gpu, torch, triton, commit (``git rev-parse --short HEAD`` or null), date."""
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            commit = None
-    return {"gpu": limits.device, "torch": torch.__version__, "triton": triton_version, "commit": commit,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "copy_bandwidth_tb_s": limits.copy_bandwidth / 1e12, "matmul_peak_tflops": limits.matmul_peak / 1e12}
-
-
-def record(*, shape: str, workload: Workload, env: dict, mc: ModelConfig, variant: str | None = None,
-           peer: str | None = None, measurement: Measurement | None = None, note: str | None = None,
-           layout: dict | None = None, kv_capacity: int | None = None) -> dict:
-    """One row. ``layout`` (``quantize``, ``storage``, ``dtype_bytes``) sets the roofline's bytes."""
-    value = measurement.value if measurement else None
-    row = {"shape": shape, "variant": variant, "peer": peer, "workload": workload.name, "value": value,
-           "unit": workload.unit, "roofline_fraction": None, "roofline_tok_s": None, "tflops": None,
-           "peak_fraction": None, "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens,
-           "kv_capacity": kv_capacity, "samples": measurement.samples if measurement else [], "note": note,
-           "config": VARIANTS.get(variant) if variant else None, **env}
-    if value is None:
-        return row
-    if workload.kind == "decode":
-        roof = decode_roofline_tok_s(mc, workload.prompt_tokens, workload.new_tokens,
-                                     env["copy_bandwidth_tb_s"] * 1e12, **(layout or {}))
-        row.update(roofline_tok_s=roof, roofline_fraction=value / roof)
-    else:
-        flops = prefill_flops(mc, workload.prompt_tokens)["total"]
-        row.update(tflops=flops / (value / 1e3) / 1e12)
-        row.update(peak_fraction=row["tflops"] / env["matmul_peak_tflops"])
-    return row
-
-
-def key(row: dict) -> tuple:
-    """What identifies a row: shape, variant, peer, workload."""
-    return row["shape"], row["variant"], row["peer"], row["workload"]
-
-
-def run_of(row: dict) -> tuple:
-    """Which run of bench/run.py measured a row: its shape and the run's start (``date``)."""
-    return row["shape"], row.get("date")
-
-
-def merge(old: list[dict], new: list[dict]) -> list[dict]:
-    """``old`` with the rows of ``new`` replacing those of the same shape/variant/peer/workload.
-
-    A replaced ``default`` row of another run stays, marked ``superseded``, as long as other rows
-    of its run remain: it is their baseline, so that each gain is a ratio within one run (rows
-    bound by the host, eager steps and prefill, vary between runs more than the gains)."""
-    replaced = {key(r) for r in new}
-    new_runs = {run_of(r) for r in new}
-    rows = []
-    for r in old:
-        if key(r) in replaced and not r.get("superseded"):
-            if r["variant"] != "default" or run_of(r) in new_runs:
-                continue
-            r = {**r, "superseded": True}
-        rows.append(r)
-    rows += new
-    live = {run_of(r) for r in rows if r["variant"] != "default"}
-    return [r for r in rows if not r.get("superseded") or run_of(r) in live]
-
-
-def current(records: list[dict]) -> list[dict]:
-    """The rows that are the matrix's figures (without superseded baselines)."""
-    return [r for r in records if not r.get("superseded")]
+# The seed's CUDA-graph table: per kernel set, the variants that run its decode steps eagerly,
+# replayed from graphs step by step, and replayed with the host one step behind (pipelined).
+GRAPH_WORKLOAD = "decode128_ctx1024"
+GRAPH_STEPS = ("eager", "CUDA graphs", "CUDA graphs + pipelined")
+GRAPH_TABLE = (("fused", ("eager", "no-pipelining", "default")),
+               ("one kernel per op", ("eager-per-op", "no-fused-kernels-no-pipelining", "no-fused-kernels")))
+GAIN_NOTE = "x: divides by the default measured in the same part; blank where that part measured none."
 
 
 def _num(v: float) -> str:
@@ -126,16 +59,14 @@ def _cell(row: dict | None, *, fraction: bool = True) -> str:
 
 
 def _ratio(ours: dict | None, theirs: dict | None) -> str:
-    """How many times faster ``ours`` is (ms: theirs / ours; tok/s: ours / theirs)."""
+    """How many times faster ``ours`` is (ms: theirs / ours; tok/s: ours / theirs), if both are
+    measured in the same part; else empty."""
     if not ours or not theirs or ours["value"] is None or theirs["value"] is None:
+        return ""
+    if ours.get("part") != theirs.get("part"):
         return ""
     r = theirs["value"] / ours["value"] if ours["unit"] == "ms" else ours["value"] / theirs["value"]
     return f" x{r:.2f}"
-
-
-CROSS_RUN = "†"
-CROSS_RUN_NOTE = (f"{CROSS_RUN}: against the default of another run (the row's own run measured no default); "
-                  "rows bound by the host (eager steps, prefill) vary between runs.")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -149,151 +80,145 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-# The seed's CUDA-graph table: per kernel set, the variants that run its decode steps eagerly,
-# replayed from graphs step by step, and replayed with the host one step behind (pipelined).
-GRAPH_WORKLOAD = "decode128_ctx1024"
-GRAPH_STEPS = ("eager", "CUDA graphs", "CUDA graphs + pipelined")
-GRAPH_TABLE = (("fused", ("tile-eager", "no-pipelining", "default")),
-               ("one kernel per op", ("unfused-eager", "no-fused-kernels-no-pipelining", "no-fused-kernels")))
-
-
-def _order(records: list[dict]) -> tuple[list[str], list[str]]:
+def order(records: list[dict]) -> tuple[list[str], list[str]]:
+    """The shapes as they first appear, and the workloads in the matrix's order."""
     shapes = list(dict.fromkeys(r["shape"] for r in records))
     names = list(dict.fromkeys(r["workload"] for r in records))
     return shapes, sorted(names, key=lambda n: NAMES.index(n) if n in NAMES else len(NAMES))
 
 
+def main_part(rows: list[dict]) -> str | None:
+    """The part whose default a shape's summary shows: the one that measured most variants."""
+    counts: dict = {}
+    for r in rows:
+        if r["variant"] is not None:
+            counts[r.get("part")] = counts.get(r.get("part"), 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+def figures(records: list[dict]) -> list[dict]:
+    """One row per shape/variant-or-peer/workload: every row, the default of each shape's main part only."""
+    mains = {s: main_part([r for r in records if r["shape"] == s]) for s in order(records)[0]}
+    return [r for r in records if r["variant"] != "default" or r.get("part") == mains[r["shape"]]]
+
+
 def tables(records: list[dict]) -> str:
     """The four tables (summary, ablation, CUDA graphs, peers), Markdown, one section per shape."""
-    shapes, names = _order(records)
+    shapes, names = order(records)
     return "\n\n".join(_shape_tables(s, [r for r in records if r["shape"] == s], names) for s in shapes) + "\n"
 
 
 def _shape_tables(shape: str, rows: list[dict], names: list[str]) -> str:
-    baselines = {(r.get("date"), r["workload"]): r for r in rows if r["variant"] == "default"}
-    rows = current(rows)
-    index = {(r["variant"], r["peer"], r["workload"]): r for r in rows}
+    defaults = {(r.get("part"), r["workload"]): r for r in rows if r["variant"] == "default"}
+    index = {(name(r), r["workload"]): r for r in figures(rows)}
     sizes = {r["workload"]: f"{r['prompt_tokens']}+{r['new_tokens']}" for r in rows}
-    variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
-    peers = list(dict.fromkeys(r["peer"] for r in rows if r["peer"]))
+    configs = {r["variant"]: r.get("config") for r in rows if r["variant"]}  # as measured
+    variants = [*(v for v in VARIANTS if v in configs), *(v for v in configs if v not in VARIANTS)]
 
-    def gain(row: dict | None, n: str) -> str:
-        """Our default's speed over ``row``'s: the default of the same run, else the current one (marked)."""
-        base = baselines.get((row.get("date"), n)) if row else None
-        text = _ratio(base or index.get(("default", None, n)), row)
-        return text + CROSS_RUN if text and base is None else text
-
-    def note(table: str, line: str = CROSS_RUN_NOTE) -> str:
-        return table + "\n\n" + line if CROSS_RUN in table else table
+    def gain(row: dict | None) -> str:
+        return _ratio(defaults.get((row.get("part"), row["workload"])), row) if row else ""
 
     out = [f"## {shape}\n\nprompt + new tokens: " + ", ".join(f"{n} {sizes[n]}" for n in names if n in sizes)]
-    summary = [[v, *(_cell(index.get((v, None, n))) for n in names)] for v in variants if v in ("default", *QUANTIZED)]
+    summary = [[v, *(_cell(index.get((v, n))) for n in names)] for v in variants if v in ("default", *QUANTIZED)]
     if summary:
         out.append("### Summary (decode: % of the roofline; prefill: TFLOP/s, % of the matmul peak)\n\n"
                    + _table(["variant", *names], summary))
-    ablation = [[v, " ".join(VARIANTS[v]) or "configs/default.yaml",
-                 *(_cell(index.get((v, None, n)), fraction=False)
-                   + ("" if v == "default" else gain(index.get((v, None, n)), n)) for n in names)]
-                for v in variants]
+    ablation = [[v, " ".join(configs[v] or []) or "configs/default.yaml",
+                 *(_cell(index.get((v, n)), fraction=False) + ("" if v == "default" else gain(index.get((v, n))))
+                   for n in names)] for v in variants]
     if ablation:
-        out.append(note("### Ablation (x: the gain of the feature switched off, default over the variant)\n\n"
-                        + _table(["variant", "config", *names], ablation)))
+        out.append("### Ablation (the gain of the feature switched off: default over the variant)\n\n"
+                   + _table(["variant", "config", *names], ablation) + "\n\n" + GAIN_NOTE)
     graph_rows = []
     for kernels, chain in GRAPH_TABLE:
         previous = None
         for step, variant in zip(GRAPH_STEPS, chain):
-            row = index.get((variant, None, GRAPH_WORKLOAD))
-            if row is not None and row.get("value") is not None:
-                text = _ratio(row, previous).strip() if previous else ""
-                if text and row.get("date") != previous.get("date"):
-                    text += CROSS_RUN
-                graph_rows.append([kernels, step, variant, _cell(row), text])
+            row = index.get((variant, GRAPH_WORKLOAD))
+            if row is not None and row["value"] is not None:
+                graph_rows.append([kernels, step, variant, _cell(row), _ratio(row, previous).strip()])
                 previous = row
     if graph_rows:
-        out.append(note(f"### CUDA graphs ({GRAPH_WORKLOAD}; gain: over the row above)\n\n"
-                        + _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows),
-                        f"{CROSS_RUN}: the two rows come from different runs."))
-    if peers:
-        rows = [[p, *(_cell(index.get((None, p, n)), fraction=False) + gain(index.get((None, p, n)), n)
-                      for n in names)] for p in peers]
-        out.append(note("### Peers (x: our default's speed over theirs)\n\n" + _table(["peer", *names], rows)))
+        out.append(f"### CUDA graphs ({GRAPH_WORKLOAD}; gain: over the row above, blank across parts)\n\n"
+                   + _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows))
+    peer_rows = []
+    for part in dict.fromkeys(r.get("part") for r in rows if r["peer"]):
+        mine = {(r["peer"], r["workload"]): r for r in rows if r["peer"] and r.get("part") == part}
+        label = "default" + (f" ({part})" if part is not None else "")
+        peer_rows.append([label, *(_cell(defaults.get((part, n)), fraction=False) for n in names)])
+        peer_rows += [[p, *(_cell(mine.get((p, n)), fraction=False) + gain(mine.get((p, n))) for n in names)]
+                      for p in PEERS if any(k[0] == p for k in mine)]
+    if peer_rows:
+        out.append("### Peers (x: our default's speed over theirs)\n\n" + _table(["peer", *names], peer_rows)
+                   + "\n\n" + GAIN_NOTE)
     return "\n\n".join(out)
 
 
 def header(records: list[dict]) -> str:
-    """Where the figures come from, from the newest record."""
-    r = max(records, key=lambda x: x["date"])
-    return (f"# tileinfer benchmark: {r['gpu']}\n\ntorch {r['torch']}, triton {r['triton']}, commit {r['commit']}, "
-            f"{r['date']}; copy bandwidth {r['copy_bandwidth_tb_s']:.3g} TB/s, BF16 matmul peak "
-            f"{r['matmul_peak_tflops']:.3g} TFLOP/s (measured in the same run)\n")
+    """Where the figures come from: the commit and versions, and each part's date and limits."""
+    first = records[0]
+    parts = {}
+    for r in records:
+        parts.setdefault(r.get("part"), r)
+    lines = [f"- {part + ': ' if part else ''}{r['date']}, copy bandwidth {r['copy_bandwidth_tb_s']:.3g} TB/s, "
+             f"BF16 matmul peak {r['matmul_peak_tflops']:.3g} TFLOP/s" for part, r in parts.items()]
+    return (f"# tileinfer benchmark: {first['gpu']}\n\ncommit {first['commit']}, torch {first['torch']}, "
+            f"triton {first['triton']}; the limits measured in the same run as the rows they bound:\n\n"
+            + "\n".join(lines) + "\n")
 
 
-def write(records: list[dict], out: Path, *, chart: bool = True) -> list[Path]:
-    """results.json (merged with an existing one), results.md and, with ``chart`` and matplotlib,
-    results.png, all of the merged rows."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
-    if path.is_file():
-        records = merge(json.loads(path.read_text()), records)
-    path.write_text(json.dumps(records, indent=1, allow_nan=False) + "\n")
+def render(records: list[dict], out: Path, *, chart_too: bool = True) -> list[Path]:
+    """results.md and, with ``chart_too`` and matplotlib, results.png of ``records`` under ``out``."""
     (out / "results.md").write_text(header(records) + "\n" + tables(records))
-    written = [path, out / "results.md"]
-    if chart and plot(records, out / "results.png"):
+    written = [out / "results.md"]
+    if chart_too and chart.plot(figures(records), out / "results.png"):
         written.append(out / "results.png")
     return written
 
 
-def plot(records: list[dict], path: Path) -> bool:
-    """Bar chart per shape: decode tok/s per variant/peer and workload, each bar's roofline marked
-    with a black tick; prefill ms per variant/peer. False (and a notice) without matplotlib."""
+def write(records: list[dict], out: Path, *, chart_too: bool = True) -> list[Path]:
+    """results.json (exactly ``records``, nothing kept from an earlier file) and, if there are
+    rows, :func:`render`'s files under ``out``; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(records, indent=1, allow_nan=False) + "\n")
+    return [path, *(render(records, out, chart_too=chart_too) if records else [])]
+
+
+def missing(records: list[dict]) -> list[str]:
+    """``SHAPE/NAME/WORKLOAD`` of the full matrix (every variant and peer at the four workloads,
+    for each shape present) that no row holds."""
+    have = {(r["shape"], name(r), r["workload"]) for r in records}
+    return [f"{s}/{n}/{w}" for s in order(records)[0] for n in [*VARIANTS, *PEERS] for w in NAMES
+            if (s, n, w) not in have]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    todo = p.add_mutually_exclusive_group(required=True)
+    todo.add_argument("--merge", nargs="+", type=Path, metavar="DIR", help="part folders, each with a results.json")
+    todo.add_argument("--render", type=Path, metavar="DIR", help="write DIR/results.md (and .png) from DIR/results.json")
+    p.add_argument("--out", type=Path, help="with --merge: the folder to write (its results.* are replaced)")
+    args = p.parse_args(argv)
+    if args.merge and not args.out:
+        p.error("--merge needs --out")
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("notice: matplotlib is not installed: no results.png (pip install matplotlib)")
-        return False
-    shapes, names = _order(records)
-    decode = [n for n in names if not n.startswith("prefill")]
-    fig, axes = plt.subplots(len(shapes), 2, figsize=(16, 4.5 * len(shapes)), squeeze=False)
-    for (ax_d, ax_p), shape in zip(axes, shapes):
-        rows = [r for r in current(records) if r["shape"] == shape and r["value"] is not None]
-        labels = list(dict.fromkeys(r["variant"] or r["peer"] for r in rows))
-        width = 0.8 / max(len(decode), 1)
-        for j, name in enumerate(decode):
-            labelled = False
-            for i, label in enumerate(labels):
-                r = next((x for x in rows if (x["variant"] or x["peer"]) == label and x["workload"] == name), None)
-                if r is None:
-                    continue
-                x = i + (j - (len(decode) - 1) / 2) * width
-                ax_d.bar(x, r["value"], width, color=f"C{j}", label=None if labelled else name)
-                labelled = True
-                ax_d.hlines(r["roofline_tok_s"], x - width / 2, x + width / 2, colors="black")
-        ax_d.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
-        ax_d.set_yscale("log")
-        ax_d.set_ylabel("decode tok/s (black: roofline)")
-        ax_d.set_title(f"{shape}: decode")
-        if ax_d.get_legend_handles_labels()[0]:
-            ax_d.legend(fontsize="small")
-        pre = [(r["variant"] or r["peer"], r["value"]) for r in rows if r["workload"] == "prefill1024"]
-        ax_p.bar([p[0] for p in pre], [p[1] for p in pre], color="C7")
-        ax_p.tick_params(axis="x", rotation=45)
-        for label in ax_p.get_xticklabels():
-            label.set_horizontalalignment("right")
-        ax_p.set_ylabel("prefill ms")
-        ax_p.set_title(f"{shape}: prefill1024")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+        if args.merge:
+            rows = records_mod.combine(records_mod.load_parts(args.merge))
+        else:
+            rows = json.loads((args.render / "results.json").read_text())
+            records_mod.check_one_matrix(rows)
+    except (CombineError, OSError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    gaps = missing(rows)
+    if gaps:
+        print(f"notice: {len(gaps)} rows of the full matrix were not measured: {', '.join(gaps[:12])}"
+              + (", ..." if len(gaps) > 12 else ""), file=sys.stderr)
+    written = write(rows, args.out) if args.merge else render(rows, args.render)
+    print("wrote " + ", ".join(str(path) for path in written))
+    return 0
 
 
-def check(row: dict) -> None:
-    """What the smoke test asserts of a measured row (never a timing)."""
-    missing = [k for k in REQUIRED if k not in row]
-    assert not missing, f"record lacks {missing}"
-    assert row["value"] is not None and math.isfinite(row["value"]) and row["value"] > 0, row
-    figure = row["roofline_fraction"] if row["unit"] == "tok/s" else row["tflops"]
-    assert figure is not None and math.isfinite(figure) and figure > 0, row
+if __name__ == "__main__":
+    sys.exit(main())

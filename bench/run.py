@@ -8,17 +8,18 @@ first run allocates), then measured until S seconds are spent (at least once), m
 are measured first, in the same run: the device copy bandwidth and the BF16 matmul peak
 (bench/limits.py). Decode rows are also given as a fraction of their roofline (weights + KV read per
 step over that bandwidth), prefill rows as TFLOP/s and a fraction of that peak (bench/roofline.py).
-A variant whose config does not load is skipped with the reason; a row that fails (out of memory, a
-peer that does not compile) is recorded with the reason instead of a number. Writes results.json
-(merged with one already there: rows of the same shape/variant/peer/workload are replaced; a
-replaced default row stays as the baseline of its run's other rows, so each gain is a same-run ratio),
-results.md and, with matplotlib, results.png under --out, and prints the tables of this run. Without
-a GPU the workloads shrink to the CPU sizes (prompts 32x shorter, 8 new tokens) and the default
-shape is tiny.
+A variant whose config does not load or cannot run here is skipped with the reason; a row that
+fails (out of memory, a peer that does not compile) is recorded with the reason instead of a
+number. Writes results.json (this run's rows only: a file already there is replaced), results.md
+and, with matplotlib, results.png under --out, rewriting them after every row so that a run cut
+short keeps what it measured, and prints the tables of this run. Without a GPU the workloads shrink
+to the CPU sizes (prompts 32x shorter, 8 new tokens), the shape is tiny, and a Qwen3 shape is
+refused. The committed H200 matrix is made by bench/gpu_matrix.sh (parts of this script's runs,
+merged by bench/report.py --merge).
 
 Examples:
     python bench/run.py --seconds 0 --no-peers --shape Qwen3-4B      # the variants at one shape
-    python bench/run.py --variant hf-sdpa --variant default --filter ctx1024
+    python bench/run.py --variant hf-sdpa --variant default --filter ctx1024 --out /tmp/peer
     python bench/run.py --model /path/to/Qwen3-0.6B --variant default --variant int8
     python bench/run.py --shape tiny --variant reference --variant ngram --seconds 0.5 --out /tmp/b
 """
@@ -39,8 +40,9 @@ from tqdm.auto import tqdm  # noqa: E402
 
 import limits as limits_mod  # noqa: E402
 import peers as peers_mod  # noqa: E402
+import records  # noqa: E402
 import report  # noqa: E402
-from shapes import SHAPES, write_random_checkpoint  # noqa: E402
+from shapes import SHAPES, cpu_refusal, write_random_checkpoint  # noqa: E402
 from tileinfer.errors import ConfigError  # noqa: E402
 from tileinfer.model_config import ModelConfig  # noqa: E402
 from variants import VARIANTS, engine_args, resolve  # noqa: E402
@@ -48,6 +50,7 @@ from workloads import NAMES, EngineRunner, Workload, free_memory, groups, measur
 
 HERE = Path(__file__).parent
 GPU_SHAPES = ["Qwen3-0.6B", "Qwen3-4B"]
+SCRATCH = Path("/tmp/tileinfer-bench")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,8 +72,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "config.json, named after the folder)")
     p.add_argument("--checkpoints", type=Path, default=Path("/tmp/tileinfer-checkpoints"),
                    help="where random-weight checkpoints are written once and reused (default %(default)s)")
-    p.add_argument("--out", type=Path, help="results folder (default bench/results/<GPU name, '-' for spaces>, "
-                   "bench/results/cpu without a GPU)")
+    p.add_argument("--out", type=Path, help=f"results folder; its results.* are replaced by this run's (default "
+                   f"{SCRATCH}/<GPU name, '-' for spaces>, {SCRATCH}/cpu without a GPU)")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure the peers (default: yes on a GPU, no on a CPU)")
     p.add_argument("--short", action="store_true", help="the CPU workload sizes on a GPU too")
@@ -94,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         folders = {args.model.name: args.model}
     else:
         shapes = args.shape or (GPU_SHAPES if device.type == "cuda" else ["tiny"])
+        refusals = [cpu_refusal(s) for s in shapes] if device.type == "cpu" else []
+        if any(refusals):
+            print(f"error: {next(r for r in refusals if r)}", file=sys.stderr)
+            return 2
         folders = {s: args.checkpoints / s for s in shapes}
     rows = [(s, n, w) for s in folders for n in names for w in chosen
             if all(f in f"{s}/{n}/{w.name}" for f in args.filter)]
@@ -106,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     lim = limits_mod.measure(device)
     print(f"{lim.device}: copy bandwidth {lim.copy_bandwidth / 1e12:.3g} TB/s, "
           f"BF16 matmul {lim.matmul_peak / 1e12:.3g} TFLOP/s", flush=True)
-    env = report.environment(lim, args.commit)
-    out = args.out or HERE / "results" / ("cpu" if device.type == "cpu" else lim.device.replace(" ", "-"))
-    records: list[dict] = []
+    env = records.environment(lim, args.commit)
+    out = args.out or SCRATCH / ("cpu" if device.type == "cpu" else lim.device.replace(" ", "-"))
+    rows_done: list[dict] = []
     bar = tqdm(total=len(rows), unit="row", file=sys.stderr, dynamic_ncols=True)
     threads = torch.get_num_threads()
     for shape, folder in folders.items():
@@ -120,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1 if shape == "tiny" and device.type == "cpu" else threads)
         for name in names:
             mine = [w for s, n, w in rows if s == shape and n == name]
-            for rows_done in run_name(shape, folder, mc, name, mine, device, args.seconds, env, bar):
-                records += rows_done
-                report.write(records, out, chart=False)  # a run cut short keeps what it measured
+            for done in run_name(shape, folder, mc, name, mine, device, args.seconds, env, bar):
+                rows_done += done
+                report.write(rows_done, out, chart_too=False)  # a run cut short keeps what it measured
     torch.set_num_threads(threads)
     bar.close()
-    written = report.write(records, out)
-    print("\n" + report.tables(records))
+    written = report.write(rows_done, out)
+    print("\n" + report.tables(rows_done))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
@@ -143,7 +150,7 @@ def run_name(shape: str, folder: Path, mc: ModelConfig, name: str, chosen: list[
     except ConfigError as exc:
         tqdm.write(f"skip {shape}/{name}: {exc}")
         bar.update(len(chosen))
-        yield [report.record(workload=w, note=f"skipped: {exc}", **base) for w in chosen]
+        yield [records.record(workload=w, note=f"skipped: {exc}", **base) for w in chosen]
         return
     per_context = not is_peer or name in peers_mod.PER_CONTEXT
     for capacity, group in groups(chosen, spec_k, per_context):
@@ -156,20 +163,20 @@ def run_name(shape: str, folder: Path, mc: ModelConfig, name: str, chosen: list[
         except Exception as exc:  # noqa: BLE001 - a row that cannot run is recorded, the run goes on
             note = f"skipped: {exc}" if isinstance(exc, ConfigError) else failure(exc)
             tqdm.write(f"skip {shape}/{name} ({', '.join(w.name for w in group)}): {note}")
-            yield [report.record(workload=w, note=note, kv_capacity=capacity, **base) for w in group]
+            yield [records.record(workload=w, note=note, kv_capacity=capacity, **base) for w in group]
             bar.update(len(group))
             continue
         for w in group:
             bar.set_postfix_str(f"{shape}/{name}/{w.name}")
             try:
                 m = measure(runner, w, seconds)
-                done = report.record(workload=w, measurement=m, layout=runner.layout(), kv_capacity=capacity, **base)
+                done = records.record(workload=w, measurement=m, layout=runner.layout(), kv_capacity=capacity, **base)
             except Exception as exc:  # noqa: BLE001
                 note = failure(exc)
                 del exc  # its traceback holds the failed step's tensors
                 free_memory()
                 tqdm.write(f"failed {shape}/{name}/{w.name}: {note}")
-                done = report.record(workload=w, note=note, kv_capacity=capacity, **base)
+                done = records.record(workload=w, note=note, kv_capacity=capacity, **base)
             bar.update(1)
             yield [done]
         runner.close()

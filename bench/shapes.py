@@ -26,6 +26,17 @@ SHAPES = {
 }
 
 
+CPU_SHAPES = ("tiny",)  # the shapes a run on a CPU takes: the Qwen3 shapes need a GPU (GBs of weights, hours)
+
+
+def cpu_refusal(shape: str) -> str | None:
+    """Why ``shape`` is not run on a CPU (one line), or None for a CPU-sized shape."""
+    if shape in CPU_SHAPES:
+        return None
+    return (f"shape {shape} needs a CUDA GPU ({weight_bytes(shape) / 1e9:.1f} GB of weights); "
+            f"on a CPU use --shape {CPU_SHAPES[0]}")
+
+
 def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0) -> Path:
     """Random BF16 weights of a named shape, saved with save_pretrained (skipped if already there)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM

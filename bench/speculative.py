@@ -11,7 +11,8 @@ status is 1.
 
 examples:
   python bench/speculative.py --device cpu --config reference --new-tokens 64
-  python bench/speculative.py --device cuda --config tile-eager --override cuda_graphs=true --repeats 3
+  python bench/speculative.py --device cuda --repeats 3
+  python bench/speculative.py --device cuda --config eager
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import datetime
 import json
 import platform
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,8 +32,10 @@ import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import prompts as prompts_mod  # noqa: E402
+from records import git_commit, triton_version  # noqa: E402
 import tileinfer  # noqa: E402
 from tileinfer.errors import TileinferError  # noqa: E402
+from tileinfer.tokenizer import Tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROPOSERS = ("none", "ngram")
@@ -51,7 +53,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="at most this many new tokens per generation; an EOS stops it earlier (default: %(default)s)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: %(default)s")
     p.add_argument("--config", action="append", default=[], metavar="NAME_OR_FILE",
-                   help="a shipped config (e.g. tile-eager) or YAML file over configs/default.yaml; repeatable")
+                   help="a shipped config (e.g. eager, reference) or YAML file over configs/default.yaml; repeatable")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. cuda_graphs=true or spec_k=5; repeatable (proposer is set by the script)")
     p.add_argument("--repeats", type=int, metavar="N", default=1, help="timed runs per prompt and proposer; tok/s and prefill "
@@ -67,20 +69,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def environment(device: torch.device) -> dict:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                                timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {"device": device.type, "device_name": name, "torch": torch.__version__, "triton": triton_version,
-            "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return {"device": device.type, "device_name": name, "torch": torch.__version__, "triton": triton_version(),
+            "commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def run(engine, ids: list[int], new_tokens: int, repeats: int) -> dict:
@@ -140,15 +131,16 @@ def summarize(rows: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    device = torch.device("cuda" if args.device == "cuda" or args.device == "auto" and torch.cuda.is_available()
+                          else "cpu")
     try:
         engines = {p: tileinfer.Engine.from_config(*args.config, overrides=[*args.override, f"proposer={p}"],
-                                                   model=str(args.model), device=args.device, progress=False)
+                                                   model=str(args.model), device=device.type, progress=False)
                    for p in PROPOSERS}
+        bench = prompts_mod.benchmark_prompts(Tokenizer.from_folder(args.model), args.max_tokens)
     except TileinferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
-    plain = engines["none"]
-    bench = prompts_mod.benchmark_prompts(plain.tokenizer, args.max_tokens)
     rows = []
     for prompt in tqdm(bench, desc="prompts", unit="prompt"):
         row = {"task": prompt.task, "file": prompt.name, "prompt_tokens": len(prompt.token_ids)}
@@ -160,11 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     failures = [f"{r['task']} {r['file']}: n-gram tokens differ from plain greedy from new token "
                 f"{r['first_difference']} on" for r in rows if not r["match"]]
-    env = environment(plain.device)
+    env = environment(device)
     result = {**env, "model": str(args.model), "args": {k: str(v) if isinstance(v, Path) else v
                                                         for k, v in vars(args).items()},
               "config": {p: dataclasses.asdict(e.config) for p, e in engines.items()},
-              "steps_runner": {p: e.steps.report() for p, e in engines.items()},
               "summary": summarize(rows), "failures": failures, "prompts": rows}
     out = args.out or ROOT / "bench" / "results" / env["device_name"].replace(" ", "-") / \
         f"speculative_{args.model.resolve().name}.json"

@@ -1,36 +1,45 @@
-"""The ablation matrix: the engine's default config, and that config with one feature switched off.
+"""The ablation matrix: the engine's default config, and that config with features switched off.
 
-Each variant is a list of config items for ``tileinfer.Engine.from_config``: a shipped config
-name (``tile-eager``, layered over configs/default.yaml) or a ``KEY=VALUE`` override. A variant is
-config only; nothing in the engine branches on its name. ``resolve`` loads one and raises
-tileinfer.errors.ConfigError when it does not load (unknown key, unregistered name); the caller
-skips that variant with the reason (and does the same for a ConfigError from the Engine, e.g.
-an attention that cannot read the chosen KV store's pages).
+Each variant is a list of config items for ``tileinfer.Engine.from_config``: the name of a shipped
+config (``reference``, ``eager``: configs/<name>.yaml, layered over configs/default.yaml) or a
+``KEY=VALUE`` override. A variant is config only; nothing in the engine branches on its name, and
+each name says what the variant switches off. The Triton implementations' ablation knobs are typed
+options under ``options.triton.<key>`` (one namespace shared by the Triton linear and attention).
+
+``load`` merges a variant's items over the default config; ``resolve`` also resolves ``auto``
+(device, dtype, implementation names) and validates the options. Both raise
+tileinfer.errors.ConfigError when the variant does not load or cannot run here; the harness then
+records the variant as skipped with that reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tileinfer.config import Config, load_config
+from tileinfer.config import Config, load_config, resolve_config
 
-FUSED_OFF = ["linear=triton", "attention=triton"]  # one Triton kernel per op
+EAGER = ["eager"]  # configs/eager.yaml: cuda_graphs=false, pipelined=false
+NO_FUSED_LINEARS = ["options.triton.fuse_epilogue=false"]  # SwiGLU and the residual add as kernels of their own
+NO_FUSED_INPUTS = ["options.triton.fuse_inputs=false"]  # q/k norm, RoPE, KV write: a kernel each
+PER_OP = [*NO_FUSED_LINEARS, *NO_FUSED_INPUTS]  # one Triton kernel per op
+TORCH_MATMUL = ["options.triton.matmul=torch", *NO_FUSED_LINEARS]  # cuBLAS between the Triton norm/SwiGLU/add
 
 VARIANTS: dict[str, list[str]] = {
-    "default": [],  # configs/default.yaml as it is: fused Triton kernels, CUDA graphs, pipelined
+    "default": [],  # configs/default.yaml: fused Triton kernels, CUDA graphs, pipelined
     "reference": ["reference"],  # torch ops everywhere, eager
-    "unfused-refattn-eager": ["unfused-refattn-eager"],  # a Triton kernel per op, reference attention
-    "unfused-eager": ["unfused-eager"],  # + paged flash attention
-    "tile-eager": ["tile-eager"],  # + fused kernels
-    "no-fused-kernels": FUSED_OFF,  # the default with one Triton kernel per op
-    "no-fused-kernels-no-pipelining": [*FUSED_OFF, "pipelined=false"],  # the per-op CUDA-graph table's middle row
-    "no-fused-linears": [FUSED_OFF[0]],  # the linears' norm, SwiGLU and residual add as kernels of their own
-    "no-fused-attention": [FUSED_OFF[1]],  # the attention inputs (q/k norm, RoPE, KV write) as a kernel each
-    "norm-prologue": ["linear=triton_fused_prologue"],  # + the RMSNorm in the GEMV prologue (not kept)
+    "eager": EAGER,  # fused Triton kernels, eager steps
+    "eager-per-op": [*EAGER, *PER_OP],
+    "eager-per-op-dense-attention": [*EAGER, *PER_OP, "options.triton.attend=dense"],
+    "no-fused-kernels": PER_OP,
+    "no-fused-kernels-no-pipelining": [*PER_OP, "pipelined=false"],
+    "no-fused-linears": NO_FUSED_LINEARS,
+    "no-fused-attention-inputs": NO_FUSED_INPUTS,
+    "norm-prologue": ["options.triton.norm_prologue=true"],  # the RMSNorm in the GEMV's prologue (not kept)
     "no-cuda-graphs": ["cuda_graphs=false"],
     "no-pipelining": ["pipelined=false"],
-    "cublas-linears": ["linear=cublas"],  # torch (cuBLAS) matmuls between the per-op Triton kernels
-    "cublas-linears-eager": ["cublas-linears"],  # tile-eager with cuBLAS linears (the seed's cuTile vs cuBLAS)
+    "no-pdl": ["options.triton.pdl=false"],  # no programmatic dependent launch
+    "torch-matmul": TORCH_MATMUL,
+    "eager-torch-matmul": [*EAGER, *TORCH_MATMUL],
     # INT8 runs on the reference linear / attention only (so far): those rows switch them too.
     "int8": ["quantize=int8", "linear=reference"],  # weight-only INT8
     "int8-kv": ["kv_store=paged_int8", "attention=reference"],  # INT8 KV cache
@@ -39,7 +48,7 @@ VARIANTS: dict[str, list[str]] = {
 QUANTIZED = ("int8", "int8-kv")  # the variants the summary table lists next to the default
 
 
-def split(items: list[str]) -> tuple[list[str], list[str]]:
+def split(items: Sequence[str]) -> tuple[list[str], list[str]]:
     """(sources, overrides) of a variant's items: ``KEY=VALUE`` strings are overrides."""
     return [i for i in items if "=" not in i], [i for i in items if "=" in i]
 
@@ -51,7 +60,12 @@ def engine_args(name: str, extra: Sequence[str] = ()) -> tuple[list[str], list[s
     return sources, [*overrides, *extra]
 
 
+def load(name: str, extra: Sequence[str] = ()) -> Config:
+    """The variant's config as loaded (``auto`` not resolved); ConfigError when it does not load."""
+    return load_config(*engine_args(name, extra))
+
+
 def resolve(name: str, extra: Sequence[str] = ()) -> Config:
-    """The variant's resolved config; ConfigError when it does not load."""
-    sources, overrides = engine_args(name, extra)
-    return load_config(sources, overrides)
+    """The variant's resolved config (``auto`` resolved, options validated); ConfigError when it
+    does not load or cannot run here (the message names the key)."""
+    return resolve_config(load(name, extra))

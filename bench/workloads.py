@@ -8,8 +8,9 @@
 
 Each measurement is warmed up by a run of the same prompt (8 new tokens for the engine: kernel
 compilation, CUDA graph capture; the whole workload for the peers, see :func:`warm_up`), then
-repeated until ``seconds`` are spent (at least once); the value is the median. ``short=True`` gives the CPU sizes: the same names, prompts 32x shorter and 8 new tokens.
-EOS is ignored so that every run decodes the full count.
+repeated until ``seconds`` are spent (at least once, ``timing.repeat``); the value is the median.
+``short=True`` gives the CPU sizes: the same names, prompts 32x shorter and 8 new tokens. EOS is
+ignored so that every run decodes the full count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 import tileinfer
+from timing import repeat
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,6 @@ class Measurement:
     samples: list[float]
 
 
-def repeat(sample: Callable[[], float], seconds: float) -> list[float]:
-    """``sample()`` once, then again until ``seconds`` have passed since the first began."""
-    began = time.perf_counter()
-    samples = [sample()]
-    while time.perf_counter() - began < seconds:
-        samples.append(sample())
-    return samples
-
-
 def warm_up(runner, workload: Workload) -> None:
     """One run of the workload before the samples, so that they time no compilation, graph capture
     or first allocation: short (its prompt, at most WARMUP_TOKENS new tokens) for the engine, whose
@@ -128,9 +120,11 @@ class EngineRunner:
         return lambda: engine.generate(prompt, max_new_tokens=workload.new_tokens, ignore_eos=True).stats.decode_tok_s
 
     def layout(self) -> dict:
-        """What sets the roofline's bytes: weight quantization, KV page format, dtype size."""
-        return {"quantize": self.engine.config.quantize, "storage": self.engine.kv.storage,
-                "dtype_bytes": self.engine.dtype.itemsize}
+        """What sets the roofline's bytes: weight quantization, KV page format, dtype size (from
+        the engine's resolved config)."""
+        config = self.engine.config
+        return {"quantize": config.quantize, "storage": self.engine.kv.storage,
+                "dtype_bytes": getattr(torch, config.dtype).itemsize}
 
     def close(self) -> None:
         del self.engine

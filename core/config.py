@@ -78,7 +78,7 @@ def _resolve_source(source: Union[str, Path]) -> Path:
 
 def load_config(sources: Iterable[ConfigSource] = (), overrides: Iterable[str] = ()) -> Config:
     """Merge default.yaml, then each source (a YAML path, the name of a shipped config such as
-    ``tile-eager``, or a mapping), then ``KEY=VALUE`` strings."""
+    ``eager``, or a mapping), then ``KEY=VALUE`` strings."""
     merged = OmegaConf.structured(Config)
     layers = [_load_yaml(default_config_path())]
     for source in sources:

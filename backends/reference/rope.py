@@ -1,4 +1,5 @@
-"""Reference rotary position embedding (rotate-half convention, as Hugging Face Qwen3)."""
+"""Reference rotary position embedding (rotate-half convention, as Hugging Face Qwen3); twin of
+backends/triton/rope.py."""
 
 from __future__ import annotations
 

@@ -1,33 +1,30 @@
-"""Attention inputs from the fused q/k/v projection: q/k RMSNorm, RoPE and the paged K/V write.
-
-Twin: the first half of plugins/reference/attention.py (split, ``rms_norm`` of q and k heads,
-``apply_rope``, ``write_pages``). One kernel launch, ``_attention_inputs_kernel``, replaces the
-unfused chain of eight (:func:`attention_inputs_unfused`: 3 copies of the qkv slices, 2 norms,
-2 RoPE, 1 KV write).
+"""Attention inputs from the fused q/k/v projection in one kernel: q/k RMSNorm, RoPE and the paged
+K/V write; twin: backends/reference/attention_inputs.py (split, ``rms_norm`` of q and k heads,
+``apply_rope``, ``write_pages``). One launch replaces the chain of per-op kernels (copies of the
+qkv slices, ``rms_norm`` twice, ``apply_rope`` twice, ``write_kv``), bit for bit.
 
 Tiling and grid: a program handles ``BLOCK_H`` heads of one token, loaded from
 ``qkv[T, (H + 2 Hkv) * D]`` as two ``[BLOCK_H, BLOCK_HALF]`` tiles (channels ``i`` and ``i + D/2``,
 the pairs RoPE mixes), with ``(BLOCK_H, BLOCK_HALF, num_warps) = norm_launch_config(D, heads)``
 (8 heads of 128, 2 warps): exactly the tiles of the per-op ``rms_norm`` on ``[T, heads, D]``, and
-the same helpers (:func:`_rms_norm_halves`, :func:`_rope_rotate`) as ``rms_norm`` and
+the same device functions (:func:`rms_norm_halves`, :func:`rope_rotate`) as ``rms_norm`` and
 ``apply_rope``. Grid ``(T, cdiv(H, BLOCK_H) + cdiv(Hkv, BLOCK_H))``: program column
 ``j < cdiv(H, BLOCK_H)`` normalizes and rotates q heads ``j * BLOCK_H ..`` and stores them in q
 ``[T, H, D]``; the other columns normalize and rotate their k heads and store them, with the v heads
 beside them (copied), at the token's page and slot. The normalized value is rounded to the model
 dtype after the weight multiply and before RoPE, as the chain stores it, so the kernel equals the
-unfused chain bit for bit. One launch serves both parts only where ``norm_launch_config(D, H) ==
+chain bit for bit. One launch serves both parts only where ``norm_launch_config(D, H) ==
 norm_launch_config(D, Hkv)`` (e.g. ``D`` = 128 with ``H, Hkv >= 8``: Qwen3), since each head's
 ``tl.sum`` must keep its per-op tile and warps; otherwise (few heads) :func:`attention_inputs`
 launches the same kernel twice, over the kv columns (:func:`k_norm_rope_write`) then the q columns
 (:func:`q_norm_rope`), each with its heads' config.
 
-Programmatic dependent launch (``pdl=True``, Hopper; backends/triton/pdl.py): the kernel loads its
-norm weight (q's or k's, immutable) before the grid dependency wait; positions, the block table,
-qkv and the pages are touched after it. It lets the next kernel (decode attention) launch only
-after that wait, i.e. once the qkv GEMV has completed (``TRIGGER_AFTER_WAIT``): launched earlier,
-the attention's programs (about one per multiprocessor, and nothing to do before their own wait)
-were placed beside the GEMV's, unevenly, and streamed the KV cache slower (bench/NOTES.md,
-session 4). Same bits either way.
+Programmatic dependent launch (``pdl=True``, Hopper; pdl.py): the kernel loads its norm weight (q's
+or k's, immutable) before the grid dependency wait; positions, the block table, qkv and the pages
+are touched after it. It lets the next kernel (the decode attention) launch only after that wait,
+i.e. once the qkv GEMV has completed: launched earlier, the attention's programs (about one per
+multiprocessor, with nothing to do before their own wait) were placed beside the GEMV's, unevenly,
+and streamed the KV cache slower. Same bits either way.
 """
 
 from __future__ import annotations
@@ -37,20 +34,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.kv_write import _page_slot, check_paged_write, write_kv
-from tileinfer.backends.triton.norm import (
-    FLOAT_DTYPES,
-    _load_weight_halves,
-    _rms_norm_halves,
-    norm_launch_config,
-    rms_norm,
-)
+from tileinfer.backends.triton import FLOAT_DTYPES
+from tileinfer.backends.triton.device_functions import load_weight_halves, page_slot, rms_norm_halves, rope_rotate
+from tileinfer.backends.triton.kv_write import check_paged_write
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
-from tileinfer.backends.triton.rope import _rope_rotate, apply_rope, check_rope_tables
-
-# With PDL, let the next kernel launch after the grid dependency wait (True) or at the start (False,
-# as the GEMVs do); read at each launch (bench/kernels/decode_step_experiments.py compares both).
-TRIGGER_AFTER_WAIT = True
+from tileinfer.backends.triton.rms_norm import norm_launch_config
+from tileinfer.backends.triton.rope import check_rope_tables
 
 
 @triton.jit
@@ -61,8 +50,8 @@ def _norm_rope(src, heads, offs, mask, wa, wb, c, s, eps, DTYPE: tl.constexpr, D
     x = src + heads * D + offs
     a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(x + D // 2, mask=mask, other=0.0).to(tl.float32)
-    na, nb = _rms_norm_halves(a, b, wa, wb, D, eps, DTYPE)
-    return _rope_rotate(na.to(tl.float32), nb.to(tl.float32), c, s, DTYPE)
+    na, nb = rms_norm_halves(a, b, wa, wb, D, eps, DTYPE)
+    return rope_rotate(na.to(tl.float32), nb.to(tl.float32), c, s, DTYPE)
 
 
 @triton.jit
@@ -71,26 +60,23 @@ def _attention_inputs_kernel(
     stride_qkv_t, stride_q_t, stride_q_h, stride_cs, stride_p_page, stride_p_h, stride_p_slot,
     eps, col0,
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr, TRIGGER_AFTER_WAIT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program ``(t, c)``, column ``j = col0 + c`` of the full grid ``(T, cdiv(H, BLOCK_H) +
     cdiv(HKV, BLOCK_H))``: ``j < cdiv(H, BLOCK_H)``: q heads ``j * BLOCK_H ..`` -> norm, RoPE ->
     ``q``; otherwise kv heads ``(j - cdiv(H, BLOCK_H)) * BLOCK_H ..``: k -> norm, RoPE -> ``kp``,
     v -> ``vp``. The program's norm weight (q's or k's) is loaded before the PDL wait; the next
-    kernel may launch at the program's start or (``TRIGGER_AFTER_WAIT``) after the wait."""
-    if PDL and not TRIGGER_AFTER_WAIT:
-        gdc_launch_dependents()
+    kernel may launch only after the wait."""
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) + col0
     q_cols = (H + BLOCK_H - 1) // BLOCK_H
     is_q = j < q_cols
     heads = (tl.where(is_q, j, j - q_cols) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]
-    wa, wb = _load_weight_halves(tl.where(is_q, q_w_ptr, k_w_ptr), offs, D)
+    wa, wb = load_weight_halves(tl.where(is_q, q_w_ptr, k_w_ptr), offs, D)
     if PDL:
         gdc_wait()  # qkv, positions, block table, pages: all after the kernel before
-        if TRIGGER_AFTER_WAIT:
-            gdc_launch_dependents()
+        gdc_launch_dependents()
     pos = tl.load(pos_ptr + t)
     c = tl.load(cos_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=1.0)
     s = tl.load(sin_ptr + pos * stride_cs + offs, mask=offs < D // 2, other=0.0)
@@ -104,7 +90,7 @@ def _attention_inputs_kernel(
     else:
         mask = (heads < HKV) & (offs < D // 2)
         ra, rb = _norm_rope(row + H * D, heads, offs, mask, wa, wb, c, s, eps, kp_ptr.dtype.element_ty, D)
-        page, slot = _page_slot(bt_ptr, pos, PAGE_SIZE)
+        page, slot = page_slot(bt_ptr, pos, PAGE_SIZE)
         dst = page * stride_p_page + heads * stride_p_h + slot * stride_p_slot + offs
         tl.store(kp_ptr + dst, ra, mask=mask)
         tl.store(kp_ptr + dst + D // 2, rb, mask=mask)
@@ -154,7 +140,7 @@ def _launch(
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         eps, 0 if with_q else q_cols,
         H=num_heads, HKV=num_kv_heads, D=head_dim, PAGE_SIZE=k_pages.shape[2],
-        BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl, TRIGGER_AFTER_WAIT=TRIGGER_AFTER_WAIT,
+        BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl,
         num_warps=num_warps, enable_fp_fusion=False, **launch_options(pdl),
     )
 
@@ -241,8 +227,8 @@ def attention_inputs(
     :func:`_attention_inputs_kernel` where ``norm_launch_config`` gives the q heads and the kv
     heads the same tiles (e.g. ``D`` = 128 with ``H, Hkv >= 8``: Qwen3), else the two launches
     :func:`k_norm_rope_write` and :func:`q_norm_rope`, each with its heads' tiles (few heads).
-    Same bits as :func:`attention_inputs_unfused` either way. ``pdl``: programmatic dependent
-    launch where supported; same bits."""
+    Same bits as the per-op chain either way. ``pdl``: programmatic dependent launch where
+    supported; same bits."""
     config = norm_launch_config(head_dim, num_heads)
     if config != norm_launch_config(head_dim, num_kv_heads):
         k_norm_rope_write(qkv, k_norm_weight, cos, sin, positions, k_pages, v_pages, block_table,
@@ -261,34 +247,4 @@ def attention_inputs(
     return out
 
 
-def attention_inputs_unfused(
-    qkv: torch.Tensor,
-    q_norm_weight: torch.Tensor,
-    k_norm_weight: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
-    block_table: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    eps: float,
-    *,
-    pdl: bool = False,
-) -> torch.Tensor:
-    """:func:`attention_inputs` as the chain of per-op kernels (8 launches): copy the q, k, v slices
-    of ``qkv`` to contiguous tensors, ``rms_norm`` q and k heads, ``apply_rope`` to both, ``write_kv``.
-    Same outputs, bit for bit; the baseline the fused kernel is measured against. ``pdl``: for the
-    Triton kernels of the chain (the copies are torch's, launched as usual)."""
-    t = _check_qkv(qkv, q_norm_weight, num_heads, num_kv_heads, head_dim)
-    d = head_dim
-    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-    q = q.contiguous().view(t, num_heads, d)
-    k = k.contiguous().view(t, num_kv_heads, d)
-    v = v.contiguous().view(t, num_kv_heads, d)
-    q = apply_rope(rms_norm(q, q_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
-    k = apply_rope(rms_norm(k, k_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
-    write_kv(k_pages, v_pages, block_table, positions, k, v, pdl=pdl)
-    return q
+__all__ = ["attention_inputs", "k_norm_rope_write", "q_norm_rope"]

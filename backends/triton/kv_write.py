@@ -1,4 +1,4 @@
-"""Paged KV-cache write; twin: ``write_pages`` in backends/reference/kv_cache.py.
+"""Paged KV-cache write; twin: ``write_pages`` in backends/reference/kv_write.py.
 
 Tiling and grid: a program stores ``BLOCK_H`` KV heads of one token (``BLOCK_H = min(16,
 next_pow2(Hkv))``), grid ``(T, cdiv(Hkv, BLOCK_H))``, as one ``[BLOCK_H, BLOCK_D]`` tile
@@ -7,7 +7,7 @@ next_pow2(Hkv))``), grid ``(T, cdiv(Hkv, BLOCK_H))``, as one ``[BLOCK_H, BLOCK_D
 pages are ``[num_pages, Hkv, page_size, D]`` (core/interfaces/kv_store.py). Values are copied bit
 for bit (no arithmetic, so no float32 cast: the interpreter copies bfloat16 correctly too). A slot
 written twice in one call (repeated positions) keeps one of the writes, unspecified which.
-``pdl=True``: programmatic dependent launch (backends/triton/pdl.py); the kernel waits for the one
+``pdl=True``: programmatic dependent launch (pdl.py); the kernel waits for the one
 before at its start.
 """
 
@@ -18,16 +18,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tileinfer.backends.triton.device_functions import page_slot
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 MAX_BLOCK_H = 16
-
-
-@triton.jit
-def _page_slot(bt_ptr, pos, PAGE_SIZE: tl.constexpr):
-    """``(page, slot)`` (int64) of position ``pos`` through the block table."""
-    page = tl.load(bt_ptr + pos // PAGE_SIZE).to(tl.int64)
-    return page, pos % PAGE_SIZE
 
 
 @triton.jit
@@ -45,7 +39,7 @@ def _write_kv_kernel(
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs = tl.arange(0, BLOCK_D)
     mask = (heads < HKV)[:, None] & (offs < D)[None, :]
-    page, slot = _page_slot(bt_ptr, tl.load(pos_ptr + t), PAGE_SIZE)
+    page, slot = page_slot(bt_ptr, tl.load(pos_ptr + t), PAGE_SIZE)
     dst = page * stride_p_page + heads[:, None] * stride_p_h + slot * stride_p_slot + offs[None, :]
     k = tl.load(k_ptr + t * stride_k_t + heads[:, None] * stride_k_h + offs[None, :], mask=mask)
     tl.store(kp_ptr + dst, k, mask=mask)
@@ -115,3 +109,6 @@ def write_pages(pages: torch.Tensor, block_table: torch.Tensor, positions: torch
     """Store ``x`` ``[T, Hkv, D]`` at ``positions`` into ``pages`` (one tensor of :func:`write_kv`)."""
     check_paged_write(pages, block_table, positions, x)
     _launch(pages, None, block_table, positions, x, None, pdl)
+
+
+__all__ = ["check_paged_write", "write_kv", "write_pages"]

@@ -20,9 +20,10 @@ either way: only the launch order changes.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from tileinfer.backends.triton.interpreter import interpreting
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,8 +31,7 @@ def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: a CUDA device of compute capability 9.0 or newer, compiled
     (not under TRITON_INTERPRET=1)."""
     device = torch.device(device)
-    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def use_pdl(pdl: bool, device: torch.device) -> bool:

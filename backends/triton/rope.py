@@ -4,11 +4,11 @@ Tiling and grid: a program rotates ``BLOCK_H`` heads of one token (``BLOCK_H = m
 next_pow2(heads))``), grid ``(T, cdiv(heads, BLOCK_H))``. It gathers the token's cos and sin rows
 (``[BLOCK_HALF]`` float32, ``BLOCK_HALF = next_pow2(D / 2)``) from the tables by ``positions[t]``
 once, and loads the heads as two ``[BLOCK_H, BLOCK_HALF]`` tiles: channels ``i`` and ``i + D/2``,
-the pairs the rotation mixes. The rotation (:func:`_rope_rotate`, shared with the fused q/k kernels
-of attention_inputs.py) is elementwise, so the tile shape does not change its result; it computes
+the pairs the rotation mixes. The rotation (:func:`rope_rotate` of device_functions.py, shared with
+the fused q/k kernel of attention_inputs.py) is elementwise, so the tile shape does not change its result; it computes
 ``(a cos - b sin, b cos + a sin)`` in float32 as separate multiplies and adds (contraction off,
 as the twin's torch ops) and rounds to x's dtype. ``pdl=True``: programmatic dependent launch
-(backends/triton/pdl.py); the kernel waits for the one before at its start (everything it reads is
+(pdl.py); the kernel waits for the one before at its start (everything it reads is
 gathered through the positions or may be an earlier kernel's output).
 """
 
@@ -19,17 +19,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.norm import FLOAT_DTYPES
+from tileinfer.backends.triton import FLOAT_DTYPES
+from tileinfer.backends.triton.device_functions import rope_rotate
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 MAX_BLOCK_H = 16
-
-
-@triton.jit
-def _rope_rotate(a, b, c, s, DTYPE: tl.constexpr):
-    """Rotate the float32 halves ``a``, ``b`` by angles with cosines ``c`` and sines ``s``; returns
-    both halves rounded to ``DTYPE``."""
-    return (a * c - b * s).to(DTYPE), (b * c + a * s).to(DTYPE)
 
 
 @triton.jit
@@ -52,7 +46,7 @@ def _rope_kernel(
     x = x_ptr + t * stride_x_t + heads * stride_x_h + offs
     a = tl.load(x, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(x + D // 2, mask=mask, other=0.0).to(tl.float32)
-    ra, rb = _rope_rotate(a, b, c, s, out_ptr.dtype.element_ty)
+    ra, rb = rope_rotate(a, b, c, s, out_ptr.dtype.element_ty)
     o = out_ptr + t * stride_o_t + heads * stride_o_h + offs
     tl.store(o, ra, mask=mask)
     tl.store(o + D // 2, rb, mask=mask)
@@ -107,3 +101,6 @@ def apply_rope(
         num_warps=4, enable_fp_fusion=False, **launch_options(pdl),
     )
     return out
+
+
+__all__ = ["apply_rope", "check_rope_tables"]

@@ -79,7 +79,7 @@ def test_a_difference_is_a_failure_and_exit_status_1(checkpoint_factory, tmp_pat
 
     def broken(engine, *args):  # as if speculation changed the last greedy token
         result = run(engine, *args)
-        if engine.proposer is not None:
+        if engine.config.proposer != "none":
             result["token_ids"] = [*result["token_ids"][:-1], result["token_ids"][-1] + 1]
         return result
 

@@ -1,9 +1,9 @@
 """The fused attention inputs (backends/triton/attention_inputs.py): ``attention_inputs`` (one
 launch where the q and kv heads share ``norm_launch_config``, else two) and the launches of its
-parts, ``q_norm_rope`` and ``k_norm_rope_write``, against the reference chain of
-plugins/reference/attention.py (split qkv, ``rms_norm`` of q and k heads, ``apply_rope``,
-``write_pages``), and bit for bit against the unfused Triton chain ``attention_inputs_unfused``
-(copies, ``rms_norm``, ``apply_rope``, ``write_kv``).
+parts, ``q_norm_rope`` and ``k_norm_rope_write``, against the twin (backends/reference/
+attention_inputs.py: split qkv, ``rms_norm`` of q and k heads, ``apply_rope``, ``write_pages``), and
+bit for bit against the chain of per-op kernels (per_op_chains.inputs_per_op: copies, ``rms_norm``,
+``apply_rope``, ``write_kv``).
 
 q and the pages are poisoned with NaN before each launch, so an unwritten element fails; the block
 table is a random page permutation and positions cross page boundaries.
@@ -11,48 +11,27 @@ table is a random page permutation and positions cross page boundaries.
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 import torch
 
-from tileinfer.backends.reference.kv_cache import write_pages as ref_write_pages
-from tileinfer.backends.reference.norm import rms_norm as ref_rms_norm
-from tileinfer.backends.reference.rope import apply_rope as ref_apply_rope
+from tileinfer.backends.reference import attention_inputs as ref
 from tileinfer.backends.triton import attention_inputs as attention_inputs_module
-from tileinfer.backends.triton.attention_inputs import (
-    attention_inputs,
-    attention_inputs_unfused,
-    k_norm_rope_write,
-    q_norm_rope,
-)
-from tileinfer.backends.triton.norm import norm_launch_config
+from tileinfer.backends.triton.attention_inputs import attention_inputs, k_norm_rope_write, q_norm_rope
+from tileinfer.backends.triton.rms_norm import norm_launch_config
 from tileinfer.model import rope_table
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-THETA = 1_000_000.0  # Qwen3's rope_theta
-EPS = 1e-6
-# Against the reference: the kernel's sum of squares is ordered differently from torch's mean, so a
-# normalized value can land one ulp away; RoPE mixes two such values (|cos| + |sin| <= sqrt 2) and
-# rounds again. Hence two ulps at the vectors' scale (|normalized * weight| < 8) absolute, two ulps
-# relative; and since such a flip is rare, nearly every element must still be bit-identical.
-TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2 * 2**-8, 2 * 2**-10), torch.bfloat16: (2 * 2**-5, 2 * 2**-7)}
-MIN_EXACT = 0.98  # fraction of bit-identical elements (half precision; float32 rounds too finely)
-
-
-def gen(*key) -> torch.Generator:
-    """A generator seeded from the test case, so every case draws fresh inputs."""
-    return torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(key).encode()))
+from ..kernel_checks import DEVICE, EPS, MIN_EXACT, THETA, assert_close, assert_same, generator, poisoned, randn
+from .per_op_chains import inputs_per_op
 
 
 class Case:
     """Random inputs of one step: qkv, norm weights, rope tables, positions, poisoned pages."""
 
     def __init__(self, t, heads, kv_heads, head_dim, dtype, page_size, num_pages, key):
-        g = gen(*key)
+        g = generator(*key)
         self.t, self.heads, self.kv_heads, self.d, self.dtype = t, heads, kv_heads, head_dim, dtype
         width = (heads + 2 * kv_heads) * head_dim
-        self.qkv = (torch.randn((t, width), generator=g, device=DEVICE) * 2.0).to(dtype)
+        self.qkv = randn((t, width), dtype, g, 2.0)
         self.q_w = (torch.rand(head_dim, generator=g, device=DEVICE) + 0.5).to(dtype)
         self.k_w = (torch.rand(head_dim, generator=g, device=DEVICE) + 0.5).to(dtype)
         capacity = page_size * num_pages
@@ -63,28 +42,20 @@ class Case:
         self.page_shape = (num_pages, kv_heads, page_size, head_dim)
 
     def pages(self):
-        nan = float("nan")
-        return (torch.full(self.page_shape, nan, dtype=self.dtype, device=DEVICE),
-                torch.full(self.page_shape, nan, dtype=self.dtype, device=DEVICE))
+        return poisoned(self.page_shape, self.dtype), poisoned(self.page_shape, self.dtype)
 
     def nan_q(self):
-        return torch.full((self.t, self.heads, self.d), float("nan"), dtype=self.dtype, device=DEVICE)
+        return poisoned((self.t, self.heads, self.d), self.dtype)
 
     def args(self):
-        """The tail of the argument list shared by the fused launches and the unfused chain."""
+        """The tail of the argument list shared by the fused launches and the per-op chain."""
         return self.heads, self.kv_heads, self.d, EPS
 
     def reference(self):
-        """plugins/reference/attention.py up to the KV write: returns q and the two page tensors."""
-        t, d = self.t, self.d
-        q, k, v = self.qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
-        q = ref_rms_norm(q.reshape(t, self.heads, d), self.q_w, EPS)
-        k = ref_rms_norm(k.reshape(t, self.kv_heads, d), self.k_w, EPS)
-        cos, sin = self.table.cos[self.positions], self.table.sin[self.positions]
-        q, k = ref_apply_rope(q, cos, sin), ref_apply_rope(k, cos, sin)
+        """The twin: returns q and the two page tensors."""
         k_pages, v_pages = self.pages()
-        ref_write_pages(k_pages, self.block_table, self.positions, k)
-        ref_write_pages(v_pages, self.block_table, self.positions, v.reshape(t, self.kv_heads, d))
+        q = ref.attention_inputs(self.qkv, self.q_w, self.k_w, self.table.cos, self.table.sin, self.positions,
+                                 k_pages, v_pages, self.block_table, *self.args())
         return q, k_pages, v_pages
 
     def fused(self, qkv=None):
@@ -103,30 +74,22 @@ class Case:
                           k_pages, v_pages, self.block_table, *self.args())
         return q, k_pages, v_pages
 
-    def unfused(self):
+    def per_op(self):
         k_pages, v_pages = self.pages()
-        q = attention_inputs_unfused(self.qkv, self.q_w, self.k_w, self.table.cos, self.table.sin, self.positions,
-                                     k_pages, v_pages, self.block_table, *self.args())
+        q = inputs_per_op(self.qkv, self.q_w, self.k_w, self.table.cos, self.table.sin, self.positions,
+                          k_pages, v_pages, self.block_table, *self.args())
         return q, k_pages, v_pages
 
 
 def assert_near_reference(actual, expected):
-    """Within TOL of the reference, NaN exactly where the reference left a page slot unwritten."""
-    atol, rtol = TOL[expected.dtype]
-    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=True)
-    if expected.dtype != torch.float32:
-        written = ~expected.isnan()
-        exact = (actual[written] == expected[written]).float().mean().item()
-        assert exact >= MIN_EXACT, f"only {exact:.4f} of the elements are bit-identical to the reference"
-
-
-def assert_same(actual, expected):
-    torch.testing.assert_close(actual, expected, atol=0, rtol=0, equal_nan=True)
+    """Within two roundings of the twin after the norm and RoPE, NaN exactly where the twin left a
+    page slot unwritten, nearly every element bit-identical."""
+    assert_close(actual, expected, "norm_rope", min_exact=MIN_EXACT, equal_nan=True)
 
 
 def check(case: Case):
     ref_q, ref_k, ref_v = case.reference()
-    un_q, un_k, un_v = case.unfused()
+    un_q, un_k, un_v = case.per_op()
     for q, k_pages, v_pages in (case.fused(), case.parts()):
         assert not q.isnan().any()
         assert_near_reference(q, ref_q)
@@ -172,11 +135,11 @@ def test_attention_inputs(t, heads, kv_heads, head_dim, dtype):
 def test_attention_inputs_strided_qkv(heads, kv_heads, head_dim):
     """``attention_inputs`` on a qkv view whose rows are wider than q|k|v."""
     case = Case(5, heads, kv_heads, head_dim, torch.float16, page_size=4, num_pages=4, key=("strided", heads))
-    wide = torch.randn(case.t, case.qkv.shape[1] + 32, generator=gen("wide"), device=DEVICE).to(case.dtype)
+    wide = randn((case.t, case.qkv.shape[1] + 32), case.dtype, generator("wide"))
     wide[:, 16:16 + case.qkv.shape[1]] = case.qkv
     view = wide[:, 16:16 + case.qkv.shape[1]]
     ref_q, ref_k, ref_v = case.reference()
-    un_q, un_k, un_v = case.unfused()
+    un_q, un_k, un_v = case.per_op()
     q, k_pages, v_pages = case.fused(view)
     assert_near_reference(q, ref_q)
     assert_near_reference(k_pages, ref_k)
@@ -219,7 +182,7 @@ def test_launches(monkeypatch, heads, kv_heads, head_dim, grids):
     case = Case(3, heads, kv_heads, head_dim, torch.float16, page_size=4, num_pages=4, key=("launches", heads))
     q, k_pages, _ = case.fused()
     assert kernel.grids == grids
-    un_q, un_k, _ = case.unfused()
+    un_q, un_k, _ = case.per_op()
     assert torch.equal(q, un_q)
     assert_same(k_pages, un_k)
 

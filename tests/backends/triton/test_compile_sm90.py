@@ -26,12 +26,13 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE = 2560, 32, 8, 128, 9728, 64
 
 def jobs():
     """(name, module, kernel, constexprs, argument types, num_warps, num_stages, options)."""
-    from tileinfer.backends.triton import linear as L
+    from tileinfer.backends.triton import linear_gemv as L
     from tileinfer.backends.triton import paged_attention as P
-    from tileinfer.backends.triton.norm import ADD_BLOCK, norm_launch_config
+    from tileinfer.backends.triton.add import ADD_BLOCK
+    from tileinfer.backends.triton.rms_norm import norm_launch_config
     from tileinfer.backends.triton.rope import MAX_BLOCK_H as ROPE_BLOCK_H
     from tileinfer.backends.triton.kv_write import MAX_BLOCK_H as KV_BLOCK_H
-    from tileinfer.backends.triton.swiglu import BLOCK_I, NUM_WARPS as SWIGLU_WARPS
+    from tileinfer.backends.triton.silu_mul import BLOCK_I, NUM_WARPS as SILU_MUL_WARPS
 
     base = "tileinfer.backends.triton."
     bf16 = "*bf16"
@@ -47,27 +48,27 @@ def jobs():
         consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, NORM=norm,
                       NORM_K=HIDDEN if norm else 0, NORM_HALF=row_half if norm else 1, RESIDUAL=residual)
-        out.append(("gemv", base + "linear", "_gemv_kernel", consts, {"eps": "fp32"}, cfg.num_warps, cfg.num_stages,
+        out.append(("gemv", base + "linear_gemv", "_gemv_kernel", consts, {"eps": "fp32"}, cfg.num_warps, cfg.num_stages,
                     {}))
     for swiglu, pdl in itertools.product([False, True], repeat=2):
         consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl, RESIDUAL=not swiglu)
-        out.append(("reduce", base + "linear", "_splitk_reduce_kernel", consts, {"p_ptr": "*fp32"}, 4, 1, {}))
+        out.append(("reduce", base + "linear_gemv", "_splitk_reduce_kernel", consts, {"p_ptr": "*fp32"}, 4, 1, {}))
 
     block_h, block_half, warps = norm_launch_config(HEAD_DIM, HEADS)
     # attention inputs: one launch needs the q and the kv heads' norm tiles to agree (they do here)
     assert norm_launch_config(HEAD_DIM, KV_HEADS) == (block_h, block_half, warps)
     eps = {"eps": "fp32"}
     for pdl in (False, True):
-        out.append(("rms_norm_heads", base + "norm", "_rms_norm_kernel",
+        out.append(("rms_norm_heads", base + "rms_norm", "_rms_norm_kernel",
                      dict(HEADS=HEADS, N=HEAD_DIM, BLOCK_H=block_h, BLOCK_HALF=block_half, PDL=pdl),
                      eps, warps, 3, nofma))
-        out.append(("add", base + "norm", "_add_kernel", dict(BLOCK=ADD_BLOCK, PDL=pdl), {}, 4, 3, nofma))
-        out.append(("rms_norm_rows", base + "norm", "_row_rms_norm_kernel",
+        out.append(("add", base + "add", "_add_kernel", dict(BLOCK=ADD_BLOCK, PDL=pdl), {}, 4, 3, nofma))
+        out.append(("rms_norm_rows", base + "rms_norm", "_row_rms_norm_kernel",
                      dict(N=HIDDEN, BLOCK_HALF=row_half, PDL=pdl), eps, row_warps, 3, {}))
         tables = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "bt_ptr": "*i32", **eps}
         out.append(("attention_inputs", base + "attention_inputs", "_attention_inputs_kernel",
                      dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=block_h,
-                          BLOCK_HALF=block_half, PDL=pdl, TRIGGER_AFTER_WAIT=True),
+                          BLOCK_HALF=block_half, PDL=pdl),
                      tables, warps, 3, nofma))
         out.append(("rope", base + "rope", "_rope_kernel",
                      dict(HEADS=HEADS, D=HEAD_DIM, BLOCK_H=min(ROPE_BLOCK_H, HEADS), BLOCK_HALF=HEAD_DIM // 2,
@@ -77,24 +78,23 @@ def jobs():
                      dict(HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=min(KV_BLOCK_H, KV_HEADS),
                           BLOCK_D=HEAD_DIM, HAS_V=True, PDL=pdl),
                      tables, 4, 3, {}))
-        out.append(("silu_mul", base + "swiglu", "_silu_mul_kernel", dict(BLOCK_I=BLOCK_I, PDL=pdl),
-                     {}, SWIGLU_WARPS, 3, {}))
+        out.append(("silu_mul", base + "silu_mul", "_silu_mul_kernel", dict(BLOCK_I=BLOCK_I, PDL=pdl),
+                     {}, SILU_MUL_WARPS, 3, {}))
         attn = {"bt_ptr": "*i32", "pos_ptr": "*i64", "part_ptr": "*fp32", "max_ptr": "*fp32",
                 "sum_ptr": "*fp32", "qk_scale": "fp32"}
         dcfg = P._decode_config(4, HEAD_DIM)
         # group 4 (Qwen3-4B) with 16 splits; group 1 with a single split (the kernel writes out itself)
         for group, single in ((4, False), (1, True)):
-            out.append((f"decode_g{group}", base + "paged_attention", "_paged_decode_kernel",
+            out.append((f"decode_g{group}", base + "paged_attention_decode", "_paged_decode_kernel",
                          dict(NUM_HEADS=KV_HEADS * group, SINGLE_SPLIT=single, GROUP=group, HEAD_DIM=HEAD_DIM,
                               PAGE_SIZE=PAGE, BLOCK_M=16, BLOCK_N=dcfg["BLOCK_N"], UPCAST=False,
-                              DOT_PRECISION="tf32", PDL=pdl, TRIGGER_AFTER_WAIT=P.DECODE_TRIGGER_AFTER_WAIT),
+                              DOT_PRECISION="tf32", PDL=pdl),
                          attn, dcfg["num_warps"], dcfg["num_stages"], {}))
-        out.append(("combine", base + "paged_attention", "_paged_decode_combine_kernel",
-                     dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl,
-                          TRIGGER_AFTER_WAIT=P.COMBINE_TRIGGER_AFTER_WAIT),
+        out.append(("combine", base + "paged_attention_decode", "_paged_decode_combine_kernel",
+                     dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl),
                      attn, 4, 3, {}))
         pcfg = P._prefill_config(4 * 1024, HEAD_DIM)
-        out.append(("prefill_g4", base + "paged_attention", "_paged_prefill_kernel",
+        out.append(("prefill_g4", base + "paged_attention_prefill", "_paged_prefill_kernel",
                      dict(GROUP=4, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_M=pcfg["BLOCK_M"],
                           BLOCK_N=pcfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl),
                      attn, pcfg["num_warps"], pcfg["num_stages"], {}))

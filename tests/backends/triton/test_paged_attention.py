@@ -1,5 +1,5 @@
-"""Paged prefill and split-KV decode attention (tileinfer.backends.triton.paged_attention) against
-the twin: causal_attention over gather_pages of the same pages.
+"""Paged prefill and split-KV decode attention (backends/triton/paged_attention.py) against the twin
+(backends/reference/paged_attention.py: causal_attention over gather_pages of the same pages).
 
 Every case builds a fresh pool whose pages start as NaN (so a read of a wrong page, of a slot past
 the context or of an unreserved table entry shows up), a block table that is a random permutation
@@ -13,19 +13,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileinfer.backends.reference.attention import causal_attention
-from tileinfer.backends.reference.kv_cache import gather_pages, write_pages
+from tileinfer.backends.reference.kv_write import write_pages
+from tileinfer.backends.reference.paged_attention import paged_attention
 from tileinfer.backends.triton.paged_attention import (
     decode_splits,
     paged_decode_attention,
     paged_prefill_attention,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
-# (atol, rtol) against the twin, whose output is rounded to the same dtype. fp16/bf16: P is rounded
-# to the K/V dtype before the P.V dot, and both outputs are rounded once (up to 1 ulp apart).
-TOLERANCES = {F32: (2e-5, 2e-5), F16: (3e-3, 3e-3), BF16: (3e-2, 2e-2)}
+from ..kernel_checks import BF16, DEVICE, F16, F32, assert_close, poisoned
+
 CPU_KV_HEADS = 2  # the kernels loop over kv heads; two are enough to catch a wrong head stride
 
 
@@ -35,8 +32,8 @@ def make_case(seed: int, t: int, start: int, group: int, head_dim: int, page_siz
     gen = torch.Generator().manual_seed(seed)
     length = start + t
     num_pages = -(-length // page_size) + spare_pages
-    k_pages = torch.full((num_pages, kv_heads, page_size, head_dim), float("nan"), dtype=dtype, device=DEVICE)
-    v_pages = torch.full_like(k_pages, float("nan"))
+    k_pages = poisoned((num_pages, kv_heads, page_size, head_dim), dtype)
+    v_pages = poisoned(k_pages.shape, dtype)
     block_table = torch.randperm(num_pages, generator=gen).to(torch.int32).to(DEVICE)
     positions = torch.arange(length, device=DEVICE)
     for pages in (k_pages, v_pages):
@@ -46,25 +43,18 @@ def make_case(seed: int, t: int, start: int, group: int, head_dim: int, page_siz
     return q, k_pages, v_pages, block_table
 
 
-def reference(q, k_pages, v_pages, block_table, start, scale):
-    length = start + q.shape[0]
-    return causal_attention(q, gather_pages(k_pages, block_table, length),
-                            gather_pages(v_pages, block_table, length), start, scale)
-
-
 def check(out: torch.Tensor, expected: torch.Tensor) -> None:
-    assert not out.isnan().any(), f"{int(out.isnan().sum())} NaN in the output"
-    atol, rtol = TOLERANCES[expected.dtype]
-    torch.testing.assert_close(out.float(), expected.float(), atol=atol, rtol=rtol)
+    """P is rounded to the K/V dtype before the P.V dot, and both outputs are rounded once."""
+    assert_close(out, expected, "two_roundings")
 
 
 def run_case(fn, seed, t, start, group, head_dim, page_size, dtype, kv_heads=CPU_KV_HEADS, **kw):
     q, k_pages, v_pages, block_table = make_case(seed, t, start, group, head_dim, page_size, dtype, kv_heads)
     scale = head_dim ** -0.5
-    out = torch.full_like(q, float("nan"))
+    out = poisoned(q.shape, q.dtype)
     got = fn(q, k_pages, v_pages, block_table, start, scale, out=out, **kw)
     assert got is out
-    check(out, reference(q, k_pages, v_pages, block_table, start, scale))
+    check(out, paged_attention(q, k_pages, v_pages, block_table, start, scale))
 
 
 def case_id(case) -> str:
@@ -135,9 +125,9 @@ def test_strided_q_and_out(fn):
     h = hkv * group
     qkv = torch.randn(t, h + 2 * hkv, head_dim, generator=torch.Generator().manual_seed(32)).to(DEVICE)
     q = qkv[:, :h]
-    out_buf = torch.full_like(qkv, float("nan"))
+    out_buf = poisoned(qkv.shape, qkv.dtype)
     fn(q, k_pages, v_pages, block_table, start, 0.1, out=out_buf[:, :h])
-    check(out_buf[:, :h], reference(q, k_pages, v_pages, block_table, start, 0.1))
+    check(out_buf[:, :h], paged_attention(q, k_pages, v_pages, block_table, start, 0.1))
     assert out_buf[:, h:].isnan().all()
 
 
@@ -147,7 +137,7 @@ def test_allocates_output_and_agrees_across_splits():
     outs.append(paged_prefill_attention(q, k_pages, v_pages, block_table, 300, 0.125))
     for out in outs:
         assert out.shape == q.shape and out.dtype == q.dtype
-        torch.testing.assert_close(out, outs[0], atol=2e-6, rtol=2e-6)
+        assert_close(out, outs[0])
 
 
 def test_bfloat16_runs_on_the_interpreter_too():
@@ -220,6 +210,6 @@ def test_decode_reads_the_start_from_the_positions_tensor(true_start):
     t = 3
     q, k_pages, v_pages, block_table = make_case(true_start, t, true_start, 2, 64, 16, dtype)
     positions = torch.arange(true_start, true_start + t, device=DEVICE)
-    out = torch.full_like(q, float("nan"))
+    out = poisoned(q.shape, q.dtype)
     paged_decode_attention(q, k_pages, v_pages, block_table, 0, 0.125, positions=positions, num_splits=8, out=out)
-    check(out, reference(q, k_pages, v_pages, block_table, true_start, 0.125))
+    check(out, paged_attention(q, k_pages, v_pages, block_table, positions, 0.125))

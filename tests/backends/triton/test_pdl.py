@@ -7,37 +7,32 @@ produced (activations, pages; positions and the block table by a torch copy), an
 kernel after it copies each output: the launcher must wait for the kernel before it, and the one
 after must see its finished outputs. The inputs are zeroed and the outputs reset before each
 replay. A whole two-layer decode chain (norms, GEMVs, attention inputs, split-KV attention) is
-checked the same way. On the CPU (interpreter, where ``pdl`` is ignored) the same launchers run
-with ``pdl=True`` on small shapes, which checks the plumbing only.
+checked the same way, fused and as the chain of per-op kernels. Without a GPU only the rule of
+when PDL is granted is checked (nowhere there).
 """
 
 from __future__ import annotations
 
-import zlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pytest
 import torch
 
-from tileinfer.backends.triton import norm
-from tileinfer.backends.triton.attention_inputs import (
-    attention_inputs,
-    attention_inputs_unfused,
-    k_norm_rope_write,
-    q_norm_rope,
-)
+from tileinfer.backends.triton.add import add
+from tileinfer.backends.triton.attention_inputs import attention_inputs, k_norm_rope_write, q_norm_rope
 from tileinfer.backends.triton.kv_write import write_kv, write_pages
-from tileinfer.backends.triton.linear import linear, linear_unfused
+from tileinfer.backends.triton.linear import linear
 from tileinfer.backends.triton.paged_attention import paged_decode_attention, paged_prefill_attention
 from tileinfer.backends.triton.pdl import launch_options, pdl_supported, use_pdl
+from tileinfer.backends.triton.rms_norm import rms_norm
 from tileinfer.backends.triton.rope import apply_rope
-from tileinfer.backends.triton.swiglu import silu_mul
+from tileinfer.backends.triton.silu_mul import silu_mul
 from tileinfer.model import rope_table
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-EPS = 1e-6
-THETA = 1_000_000.0
+from ..kernel_checks import DEVICE, EPS, THETA, generator, norm_weight, poisoned, randn
+from .per_op_chains import inputs_per_op, linear_per_op
 
 
 @dataclass(frozen=True)
@@ -53,20 +48,6 @@ class Shapes:
 
 
 QWEN3_4B = Shapes(2560, 32, 8, 128, 9728, 64, 1000, torch.bfloat16)
-TINY = Shapes(64, 4, 2, 32, 96, 16, 40, torch.float32)
-SHAPES = QWEN3_4B if DEVICE == "cuda" else TINY
-
-
-def gen(*key) -> torch.Generator:
-    return torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def randn(shape, dtype, g, scale=1.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=g, device=DEVICE) * scale).to(dtype)
-
-
-def nan(shape, dtype) -> torch.Tensor:
-    return torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
 
 
 @dataclass
@@ -93,13 +74,12 @@ class Step:
     positions before the step, a permuted block table."""
 
     def __init__(self, s: Shapes, t: int, key, group: int | None = None):
-        g = gen("step", *key)
+        g = generator("step", *key)
         self.s, self.t = s, t
         self.heads = s.heads if group is None else s.kv_heads * group
         d = s.head_dim
         self.qkv = randn((t, (self.heads + 2 * s.kv_heads) * d), s.dtype, g, 2.0)
-        self.q_w = (torch.rand(d, generator=g, device=DEVICE) + 0.5).to(s.dtype)
-        self.k_w = (torch.rand(d, generator=g, device=DEVICE) + 0.5).to(s.dtype)
+        self.q_w, self.k_w = norm_weight(d, s.dtype, g), norm_weight(d, s.dtype, g)
         length = s.start + t
         num_pages = -(-length // s.page) + 2
         self.table = rope_table(d, THETA, num_pages * s.page, torch.device(DEVICE))
@@ -119,47 +99,47 @@ class Step:
 
 
 def case_rms_norm_rows(s: Shapes, t: int) -> Case:
-    g = gen("rows", t)
-    x, w = randn((t, s.hidden), s.dtype, g, 3.0), (torch.rand(s.hidden, generator=g, device=DEVICE) + 0.5).to(s.dtype)
-    out = nan((t, s.hidden), s.dtype)
-    return Case(lambda pdl: norm.rms_norm(x, w, EPS, out=out, pdl=pdl), [x], [out])
+    g = generator("rows", t)
+    x, w = randn((t, s.hidden), s.dtype, g, 3.0), norm_weight(s.hidden, s.dtype, g)
+    out = poisoned((t, s.hidden), s.dtype)
+    return Case(lambda pdl: rms_norm(x, w, EPS, out=out, pdl=pdl), [x], [out])
 
 
 def case_rms_norm_heads(s: Shapes, t: int) -> Case:
-    g = gen("heads", t)
+    g = generator("heads", t)
     x = randn((t, s.heads, s.head_dim), s.dtype, g, 3.0)
-    w = (torch.rand(s.head_dim, generator=g, device=DEVICE) + 0.5).to(s.dtype)
-    out = nan(x.shape, s.dtype)
-    return Case(lambda pdl: norm.rms_norm(x, w, EPS, out=out, pdl=pdl), [x], [out])
+    w = norm_weight(s.head_dim, s.dtype, g)
+    out = poisoned(x.shape, s.dtype)
+    return Case(lambda pdl: rms_norm(x, w, EPS, out=out, pdl=pdl), [x], [out])
 
 
 def case_add(s: Shapes, t: int) -> Case:
-    g = gen("add", t)
+    g = generator("add", t)
     x, r = randn((t, s.hidden), s.dtype, g), randn((t, s.hidden), s.dtype, g)
-    out = nan(x.shape, s.dtype)
-    return Case(lambda pdl: norm.add(x, r, out=out, pdl=pdl), [x, r], [out])
+    out = poisoned(x.shape, s.dtype)
+    return Case(lambda pdl: add(x, r, out=out, pdl=pdl), [x, r], [out])
 
 
 def case_linear_norm_residual(s: Shapes, t: int) -> Case:
     """The fused GEMV of the decoder's residual stream: RMSNorm prologue, residual epilogue."""
-    g = gen("linear_norm_residual", t)
+    g = generator("linear_norm_residual", t)
     x, r = randn((t, s.hidden), s.dtype, g, 3.0), randn((t, s.hidden), s.dtype, g)
     w = randn((s.hidden, s.hidden), s.dtype, g, s.hidden ** -0.5)
-    nw = (torch.rand(s.hidden, generator=g, device=DEVICE) + 0.5).to(s.dtype)
-    out = nan(x.shape, s.dtype)
+    nw = norm_weight(s.hidden, s.dtype, g)
+    out = poisoned(x.shape, s.dtype)
     return Case(lambda pdl: linear(x, w, norm_weight=nw, eps=EPS, residual=r, out=out, pdl=pdl), [x, r], [out])
 
 
 def case_apply_rope(s: Shapes, t: int) -> Case:
     st = Step(s, t, ("rope", t))
-    out = nan(st.q.shape, s.dtype)
+    out = poisoned(st.q.shape, s.dtype)
     return Case(lambda pdl: apply_rope(st.q, st.table.cos, st.table.sin, st.positions, out=out, pdl=pdl),
                 [st.q, st.positions], [out])
 
 
 def case_write_kv(s: Shapes, t: int) -> Case:
     st = Step(s, t, ("write_kv", t))
-    g = gen("write_kv-values", t)
+    g = generator("write_kv-values", t)
     k, v = (randn((t, s.kv_heads, s.head_dim), s.dtype, g) for _ in range(2))
     bgs = [st.k_pages.clone(), st.v_pages.clone()]
     return Case(lambda pdl: write_kv(st.k_pages, st.v_pages, st.block_table, st.positions, k, v, pdl=pdl),
@@ -168,20 +148,20 @@ def case_write_kv(s: Shapes, t: int) -> Case:
 
 def case_write_pages(s: Shapes, t: int) -> Case:
     st = Step(s, t, ("write_pages", t))
-    x = randn((t, s.kv_heads, s.head_dim), s.dtype, gen("write_pages-values", t))
+    x = randn((t, s.kv_heads, s.head_dim), s.dtype, generator("write_pages-values", t))
     return Case(lambda pdl: write_pages(st.k_pages, st.block_table, st.positions, x, pdl=pdl),
                 [x, st.positions, st.block_table], [st.k_pages], [st.k_pages.clone()])
 
 
 def case_silu_mul(s: Shapes, t: int) -> Case:
-    gate_up = randn((t, 2 * s.inter), s.dtype, gen("silu", t), 3.0)
-    out = nan((t, s.inter), s.dtype)
+    gate_up = randn((t, 2 * s.inter), s.dtype, generator("silu", t), 3.0)
+    out = poisoned((t, s.inter), s.dtype)
     return Case(lambda pdl: silu_mul(gate_up, out=out, pdl=pdl), [gate_up], [out])
 
 
 def case_q_norm_rope(s: Shapes, t: int) -> Case:
     st = Step(s, t, ("q_norm_rope", t))
-    out = nan((t, st.heads, s.head_dim), s.dtype)
+    out = poisoned((t, st.heads, s.head_dim), s.dtype)
     return Case(lambda pdl: q_norm_rope(st.qkv, st.q_w, st.table.cos, st.table.sin, st.positions, st.heads,
                                         s.kv_heads, s.head_dim, EPS, out=out, pdl=pdl),
                 [st.qkv, st.positions], [out])
@@ -198,7 +178,7 @@ def case_k_norm_rope_write(s: Shapes, t: int) -> Case:
 
 def _inputs_case(fn, s: Shapes, t: int) -> Case:
     st = Step(s, t, (fn.__name__, t))
-    q = nan((t, st.heads, s.head_dim), s.dtype)
+    q = poisoned((t, st.heads, s.head_dim), s.dtype)
     return Case(lambda pdl: q.copy_(fn(st.qkv, *st.attention_args(), pdl=pdl)),
                 [st.qkv, st.positions, st.block_table], [q, st.k_pages, st.v_pages],
                 [None, st.k_pages.clone(), st.v_pages.clone()])
@@ -208,13 +188,13 @@ def case_attention_inputs(s: Shapes, t: int) -> Case:
     return _inputs_case(attention_inputs, s, t)
 
 
-def case_attention_inputs_unfused(s: Shapes, t: int) -> Case:
-    return _inputs_case(attention_inputs_unfused, s, t)
+def case_inputs_per_op(s: Shapes, t: int) -> Case:
+    return _inputs_case(inputs_per_op, s, t)
 
 
 def _decode_case(s: Shapes, t: int, group: int, splits: int) -> Case:
     st = Step(s, t, ("decode", t, group, splits), group=group)
-    out = nan(st.q.shape, s.dtype)
+    out = poisoned(st.q.shape, s.dtype)
     scale = s.head_dim ** -0.5
     return Case(lambda pdl: paged_decode_attention(st.q, st.k_pages, st.v_pages, st.block_table, s.start, scale,
                                                    positions=st.positions, num_splits=splits, out=out, pdl=pdl),
@@ -222,7 +202,7 @@ def _decode_case(s: Shapes, t: int, group: int, splits: int) -> Case:
 
 
 def case_decode_g4_splits(s: Shapes, t: int) -> Case:
-    return _decode_case(s, t, 4, 16 if s is QWEN3_4B else 4)
+    return _decode_case(s, t, 4, 16)
 
 
 def case_decode_g1_one_split(s: Shapes, t: int) -> Case:
@@ -232,7 +212,7 @@ def case_decode_g1_one_split(s: Shapes, t: int) -> Case:
 def case_prefill(s: Shapes, t: int) -> Case:
     t = t * 4 + 17  # a prefill-sized step (1 -> 21, 16 -> 81 tokens)
     st = Step(s, t, ("prefill", t))
-    out = nan(st.q.shape, s.dtype)
+    out = poisoned(st.q.shape, s.dtype)
     return Case(lambda pdl: paged_prefill_attention(st.q, st.k_pages, st.v_pages, st.block_table, s.start,
                                                     s.head_dim ** -0.5, out=out, pdl=pdl),
                 [st.q, st.k_pages, st.v_pages, st.block_table], [out])
@@ -257,7 +237,7 @@ def _rewrite(dst: torch.Tensor, src: torch.Tensor, zeros: torch.Tensor) -> None:
     """In a graph: a PDL-launched Triton kernel writes float inputs (src + 0, the same values), a
     torch copy integer ones (positions, block table)."""
     if dst.is_floating_point():
-        norm.add(src, zeros, out=dst, pdl=True)
+        add(src, zeros, out=dst, pdl=True)
     else:
         dst.copy_(src)
 
@@ -265,24 +245,24 @@ def _rewrite(dst: torch.Tensor, src: torch.Tensor, zeros: torch.Tensor) -> None:
 # -- tests ---------------------------------------------------------------------------------------------
 
 
-def test_pdl_helpers():
+def test_pdl_is_granted_on_a_compiled_hopper_gpu_only():
     assert launch_options(True) == {"launch_pdl": True} and launch_options(False) == {}
-    assert not pdl_supported(torch.device("cpu")) and not use_pdl(True, torch.device("cpu"))
-    if DEVICE == "cpu":
-        assert not use_pdl(True, torch.device(DEVICE))
-    from tileinfer.backends.triton import linear as linear_module
-    assert linear_module.pdl_supported is pdl_supported  # still importable from linear.py
-
-
-@pytest.mark.parametrize("t", [1, 3])
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_launchers_take_pdl_on_the_interpreter(name, t):
-    """The plumbing: every launcher accepts ``pdl=True`` and, where PDL is not supported (here),
-    gives the plain launch's results."""
+    assert use_pdl(True, torch.device("cpu")) is False and use_pdl(False, torch.device("cpu")) is False
+    assert pdl_supported(torch.device("cpu")) is False
     if DEVICE == "cuda":
-        pytest.skip("the GPU tests below cover this")
-    case = CASES[name](TINY, t)
-    assert_equal(run_eager(case, True), run_eager(case, False), name)
+        hopper = torch.cuda.get_device_capability()[0] >= 9
+        assert use_pdl(True, torch.device(DEVICE)) is hopper and use_pdl(False, torch.device(DEVICE)) is False
+
+
+def test_every_launcher_has_a_case():
+    """Each public launcher of the decode path takes ``pdl`` and is checked below."""
+    launchers = [rms_norm, add, linear, apply_rope, write_kv, write_pages, silu_mul, q_norm_rope,
+                 k_norm_rope_write, attention_inputs, paged_decode_attention, paged_prefill_attention]
+    assert all("pdl" in inspect.signature(fn).parameters for fn in launchers)
+    covered = {"rms_norm_rows", "rms_norm_heads", "add", "linear_norm_residual", "apply_rope", "write_kv",
+               "write_pages", "silu_mul", "q_norm_rope", "k_norm_rope_write", "attention_inputs",
+               "inputs_per_op", "decode_g4_splits", "decode_g1_one_split", "prefill"}
+    assert set(CASES) == covered
 
 
 @pytest.mark.gpu
@@ -302,7 +282,7 @@ def test_gpu_pdl_bit_identical_eager_and_in_a_graph(name, t):
             _rewrite(x, src, z)  # the kernel before writes what the launcher reads
         case.launch(True)
         for o, c, z in zip(case.outputs, copies, out_zeros):
-            norm.add(o, z, out=c, pdl=True)  # the kernel after reads what it wrote
+            add(o, z, out=c, pdl=True)  # the kernel after reads what it wrote
 
     case.reset()
     body()  # eagerly first: every kernel compiled before the capture
@@ -330,10 +310,10 @@ def test_gpu_pdl_bit_identical_eager_and_in_a_graph(name, t):
 
 class Layer:
     def __init__(self, s: Shapes, n: int):
-        g = gen("layer", n)
+        g = generator("layer", n)
         d, kv = s.head_dim, s.kv_heads
         weight = lambda rows, cols: randn((rows, cols), s.dtype, g, cols ** -0.5)  # noqa: E731
-        norm_w = lambda n_: (torch.rand(n_, generator=g, device=DEVICE) + 0.5).to(s.dtype)  # noqa: E731
+        norm_w = lambda n_: norm_weight(n_, s.dtype, g)  # noqa: E731
         self.input_norm, self.post_norm = norm_w(s.hidden), norm_w(s.hidden)
         self.qkv = weight((s.heads + 2 * kv) * d, s.hidden)
         self.o = weight(s.hidden, s.heads * d)
@@ -344,30 +324,30 @@ class Layer:
 
 
 def decode_chain(s: Shapes, layers: list[Layer], h, fused: bool, pdl: bool):
-    """The decode step's kernels for ``layers`` (as plugins/triton runs them), from the residual
-    stream ``h`` ``[T, hidden]``; returns the new one."""
-    lin = linear if fused else linear_unfused
+    """The decode step's kernels for ``layers`` (as plugins/triton runs them: fused, or one kernel
+    per op), from the residual stream ``h`` ``[T, hidden]``; returns the new one."""
+    lin = linear if fused else linear_per_op
     for layer in layers:
         st = layer.step
         qkv = lin(h, layer.qkv, norm_weight=layer.input_norm, eps=EPS, pdl=pdl)
         args = (layer.q_w, layer.k_w) + st.attention_args()[2:]
-        q = (attention_inputs if fused else attention_inputs_unfused)(qkv, *args, pdl=pdl)
+        q = (attention_inputs if fused else inputs_per_op)(qkv, *args, pdl=pdl)
         a = paged_decode_attention(q, st.k_pages, st.v_pages, st.block_table, s.start, s.head_dim ** -0.5,
                                    positions=st.positions, num_splits=16, pdl=pdl)
         h = lin(a.reshape(a.shape[0], -1), layer.o, residual=h, pdl=pdl)
-        g = lin(h, layer.gate_up, epilogue="swiglu", norm_weight=layer.post_norm, eps=EPS, pdl=pdl)
+        g = lin(h, layer.gate_up, swiglu=True, norm_weight=layer.post_norm, eps=EPS, pdl=pdl)
         h = lin(g, layer.down, residual=h, pdl=pdl)
     return h
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+@pytest.mark.parametrize("fused", [False, True], ids=["per-op", "fused"])
 def test_gpu_pdl_decode_chain_in_a_graph(fused):
     """Two Qwen3-4B layers of a decode step, every Triton kernel PDL-launched, replayed from one
     graph: the same bits (outputs and KV pages) as the plain eager launches."""
     s = QWEN3_4B
     layers = [Layer(s, n) for n in range(2)]
-    g = gen("chain-input", fused)
+    g = generator("chain-input", fused)
     h0 = randn((1, s.hidden), s.dtype, g, 4.0)
     pages0 = [(layer.step.k_pages.clone(), layer.step.v_pages.clone()) for layer in layers]
 

@@ -1,0 +1,218 @@
+"""The ``@triton.jit`` device functions that more than one kernel file calls, so that every kernel
+doing the same arithmetic does it with the same code, hence rounds alike.
+
+- RMSNorm of vectors loaded as two halves (channels ``0..N/2`` and ``N/2..N``, ``[BLOCK_H,
+  BLOCK_HALF]`` float32 tiles, 0 where masked; the q/k kernels of attention_inputs.py rotate those
+  halves for RoPE without a shuffle): :func:`load_row_halves`, :func:`load_weight_halves`,
+  :func:`rstd_halves`, :func:`scale_normalized`, :func:`rms_norm_halves` (rms_norm.py,
+  attention_inputs.py, the GEMV prologue of linear_gemv.py). Arithmetic of Hugging Face Qwen3:
+  ``round(w * round(x * rsqrt(mean(x^2) + eps)))``.
+- The residual add, ``round(x + r)``: :func:`add_round`, :func:`add_residual` (add.py, the GEMV and
+  GEMM epilogues).
+- SwiGLU, ``silu(g) * u`` in float32: :func:`silu_mul_f32` (silu_mul.py, the GEMV and GEMM
+  epilogues; which is what makes the fused epilogue bit-identical to the chain), and
+  :func:`round_to`, the rounding of an accumulator that a store and a load would give.
+- RoPE, rotate-half: :func:`rope_rotate` (rope.py, attention_inputs.py).
+- The paged KV layout, page ``block_table[p // page_size]`` at slot ``p % page_size``:
+  :func:`page_slot` (kv_write.py, attention_inputs.py).
+- The online-softmax tile loop of the paged attention: :func:`load_q_rows`, :func:`attend_tiles`
+  (paged_attention_prefill.py, paged_attention_decode.py).
+
+Every function returns once, at its end: the compiler would also build the code after a return
+inside a constexpr branch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# -- RMSNorm ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def rstd_halves(a, b, N: tl.constexpr, eps):
+    """``rsqrt(mean(x^2) + eps)`` of the rows of ``(a, b)`` (float32 ``[BLOCK_H, BLOCK_HALF]`` halves
+    of vectors of length ``N``, 0 where masked): ``[BLOCK_H, 1]``. The order of the sum depends on
+    the tiles and ``num_warps`` only: every caller that must round alike uses the same ones."""
+    ss = tl.sum(a * a, axis=1, keep_dims=True) + tl.sum(b * b, axis=1, keep_dims=True)
+    return tl.math.rsqrt(ss / N + eps)
+
+
+@triton.jit
+def scale_normalized(x, rstd, w, DTYPE: tl.constexpr):
+    """``round(w * round(x * rstd))`` in DTYPE, from float32 ``x`` and ``w`` (the model-dtype
+    weight's values); elementwise, so any tile of ``x`` gives the same bits."""
+    return (w * (x * rstd).to(DTYPE).to(tl.float32)).to(DTYPE)
+
+
+@triton.jit
+def rms_norm_halves(a, b, wa, wb, N: tl.constexpr, eps, DTYPE: tl.constexpr):
+    """RMSNorm of the rows of ``(a, b)``: float32 ``[BLOCK_H, BLOCK_HALF]`` tiles holding the two
+    halves of ``BLOCK_H`` vectors of length ``N`` (0 where masked), with weight halves ``wa``,
+    ``wb`` (``[1, BLOCK_HALF]``, float32 values of the model-dtype weight). Returns both halves in
+    ``DTYPE``: ``round(w * round(x * rsqrt(mean(x^2) + eps)))``."""
+    rstd = rstd_halves(a, b, N, eps)
+    return scale_normalized(a, rstd, wa, DTYPE), scale_normalized(b, rstd, wb, DTYPE)
+
+
+@triton.jit
+def load_row_halves(row_ptr, N: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """The two halves of the ``[N]`` vector at ``row_ptr`` as float32 ``[1, BLOCK_HALF]`` tiles (0
+    where masked): how every row RMSNorm (the row kernel of rms_norm.py, the GEMV prologue) loads
+    the row it reduces, so that their sums run on the same layout."""
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = offs < N // 2
+    a = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(row_ptr + N // 2 + offs, mask=mask, other=0.0).to(tl.float32)
+    return a, b
+
+
+@triton.jit
+def load_weight_halves(w_ptr, offs, D: tl.constexpr):
+    """The two halves of a ``[D]`` norm weight as float32 ``[1, BLOCK_HALF]`` tiles."""
+    wa = tl.load(w_ptr + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
+    wb = tl.load(w_ptr + D // 2 + offs, mask=offs < D // 2, other=0.0).to(tl.float32)
+    return wa, wb
+
+
+# -- residual add, SwiGLU, roundings ------------------------------------------------------------------
+
+
+@triton.jit
+def add_round(x, r, DTYPE: tl.constexpr):
+    """``round(x + r)`` to the model dtype, from float32 operands (the residual add)."""
+    return (x + r).to(DTYPE)
+
+
+@triton.jit
+def add_residual(y, r_ptrs, mask, RESIDUAL: tl.constexpr):
+    """The residual epilogue: ``round(y + r)`` (``y`` already in the output dtype), as add.py's kernel."""
+    if RESIDUAL:
+        r = tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)
+        y = add_round(y.to(tl.float32), r, y.dtype)
+    return y
+
+
+@triton.jit
+def round_to(acc, dtype: tl.constexpr):
+    """The float32 value that a store of ``acc`` in ``dtype`` followed by a load would give."""
+    return acc.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def silu_mul_f32(g, u):
+    """silu(g) * u in float32: ``g / (1 + exp(-g)) * u``, rounded once by the caller's store.
+
+    ``g`` and ``u`` are float32 values already rounded to the model (output) dtype, exactly as they
+    would be stored by the linear that produced them. Every SwiGLU of the kernels goes through here.
+    """
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+# -- RoPE, paged KV ----------------------------------------------------------------------------------
+
+
+@triton.jit
+def rope_rotate(a, b, c, s, DTYPE: tl.constexpr):
+    """Rotate the float32 halves ``a``, ``b`` by angles with cosines ``c`` and sines ``s``; returns
+    both halves rounded to ``DTYPE``."""
+    return (a * c - b * s).to(DTYPE), (b * c + a * s).to(DTYPE)
+
+
+@triton.jit
+def page_slot(bt_ptr, pos, PAGE_SIZE: tl.constexpr):
+    """``(page, slot)`` (int64) of position ``pos`` through the block table."""
+    page = tl.load(bt_ptr + pos // PAGE_SIZE).to(tl.int64)
+    return page, pos % PAGE_SIZE
+
+
+# -- the online-softmax tile loop of the paged attention -----------------------------------------------
+
+
+@triton.jit
+def _tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs,
+               BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Element offsets of the K and V rows of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0`` tile-aligned);
+    table entries of keys ``>= hi`` are not read (page 0 stands in)."""
+    if BLOCK_N <= PAGE_SIZE:
+        # The tile lies in one page (both are powers of two): one table entry.
+        page = tl.load(bt_ptr + n0 // PAGE_SIZE, mask=n0 < hi, other=0).to(tl.int64)
+        slot = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
+    else:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_ptr + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
+        slot = offs_n % PAGE_SIZE
+    return page * stride_kp + slot * stride_ks, page * stride_vp + slot * stride_vs
+
+
+@triton.jit
+def _load_tile(base, rows, offs_d, valid, MASKED: tl.constexpr, UPCAST: tl.constexpr):
+    ptrs = base + rows[:, None] + offs_d[None, :]
+    if MASKED:
+        x = tl.load(ptrs, mask=valid[:, None], other=0.0)
+    else:
+        x = tl.load(ptrs)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale,
+                  MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = (offs_n[None, :] <= qpos[:, None]) & (offs_n < hi)[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no key yet keeps m = -inf: subtract 0 instead (no inf - inf).
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = m_new
+    p = tl.math.exp2(s - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks, stride_vp, stride_vs,
+                 qpos, lo, hi, qk_scale, offs_d,
+                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                 UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online softmax over keys ``[lo, hi)`` (``lo`` a multiple of BLOCK_N), ``exp2`` with
+    ``log2(e)`` folded into ``qk_scale``, float32 ``acc``, ``P`` cast to the K/V dtype for the
+    second ``tl.dot``. Unmasked: every key is valid and visible to every row, and ``hi - lo`` is a
+    multiple of BLOCK_N. Masked: keys ``>= hi`` are not loaded and row ``i`` sees keys ``<= qpos[i]``
+    only.
+
+    The block-table entry of the next tile is read one iteration ahead, so that the K/V addresses
+    are loop-carried values: with the lookup inside the iteration Triton did not pipeline the K/V
+    loads (H200, 32k context, 16 splits: 72.8 us against 50.2 us).
+    """
+    k_rows, v_rows = _tile_rows(bt_ptr, lo, hi, stride_kp, stride_ks, stride_vp, stride_vs, BLOCK_N, PAGE_SIZE)
+    for n0 in tl.range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base, k_rows, offs_d, offs_n < hi, MASKED, UPCAST)
+        v = _load_tile(v_base, v_rows, offs_d, offs_n < hi, MASKED, UPCAST)
+        k_rows, v_rows = _tile_rows(bt_ptr, n0 + BLOCK_N, hi, stride_kp, stride_ks, stride_vp, stride_vs,
+                                    BLOCK_N, PAGE_SIZE)
+        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale, MASKED, DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
+                GROUP: tl.constexpr, UPCAST: tl.constexpr):
+    """Rows ``offs_m`` of a kv head: (token ``r // GROUP``, q head ``kv_head * GROUP + r % GROUP``)."""
+    tok = offs_m // GROUP
+    head = kv_head * GROUP + offs_m % GROUP
+    row_ok = offs_m < T * GROUP
+    q = tl.load(q_ptr + (tok * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    return q, tok, head, row_ok

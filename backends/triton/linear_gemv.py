@@ -1,0 +1,340 @@
+"""The GEMV of :func:`linear.linear` (T <= 16 tokens: decode, speculative verify) and its split-K
+reduce; linear.py checks the arguments and picks this path or the GEMM (linear_gemm.py).
+
+Tiling and grid. ``_gemv_kernel``: a program owns BLOCK_N weight rows and streams a range of K in
+BLOCK_K chunks; every thread loads 16 contiguous bytes of a row per access (weights
+``evict_first``: they are read once per step; activations ``evict_last``). Grid ``(cdiv(N,
+BLOCK_N), SPLIT_K)``. For T = 1 the multiply runs on CUDA cores into a ``[BLOCK_N, BLOCK_K]``
+float32 register tile (FMAs), summed over K once after the loop. For T = 2..16 it is ``tl.dot`` with
+the token rows padded to BLOCK_T = 16 (``acc[16, BLOCK_N] += x[16, BK] @ w[BN, BK]^T``): at T = 16
+CUDA cores would need ~69 TFLOP/s of fp32 FMAs to keep up with 4.25 TB/s of bf16 weights, more than
+the H200's ~67 TFLOP/s peak, while the tensor cores make the math free for any T <= 16, and one
+compiled kernel (T a run-time argument, masked rows) serves every T in 2..16. Layers whose grid
+would leave SMs idle (at T >= 2: o_proj and down, N = hidden) split K across SPLIT_K programs
+writing float32 partials ``[SPLIT_K, T, N]``; ``_splitk_reduce_kernel`` (grid ``(T, cdiv(N_out,
+1024))``) adds them in a fixed order (deterministic, no atomics) and applies the epilogues.
+
+Fusions. SwiGLU: a program owns gate rows j..j+BN and up rows I+j..I+j+BN of the fused [gate; up]
+weight, computes both accumulators with the same code and tiles as the plain kernel (the same
+per-row accumulation order), rounds each to the output dtype as the plain store would, and applies
+:func:`silu_mul_f32`; with split-K the partial kernel is the plain one and the epilogue runs in the
+reduce. RMSNorm prologue (``NORM``): every program reduces its token rows' sum of squares with
+rms_norm.py's row tiles and device functions (:func:`_norm_rstd`), then normalizes each chunk of x
+as it loads it. Residual epilogue: ``round(y + r)`` as add.py. Hence the fused forms are
+bit-identical to the chain of per-op kernels.
+
+Programmatic dependent launch (``PDL``): the kernel lets the next one launch at its start and
+issues its first weight chunk's load before the grid dependency wait; the activations (and the
+prologue's reduction) come after it. Under the interpreter every dot operand is cast to float32
+(``DOT_F32``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tileinfer.backends.triton import SMALL_STEP_MAX_TOKENS
+from tileinfer.backends.triton.device_functions import (
+    add_residual,
+    load_row_halves,
+    round_to,
+    rstd_halves,
+    scale_normalized,
+    silu_mul_f32,
+)
+from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
+from tileinfer.backends.triton.pdl import launch_options
+from tileinfer.backends.triton.rms_norm import norm_launch_config
+
+GEMV_BLOCK_T = 16  # token rows of the GEMV's tl.dot (T = 2..16 padded to 16)
+REDUCE_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+@functools.lru_cache(maxsize=None)
+def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> GemvConfig:
+    """Tiles for the GEMV path; ``N`` = weight rows (2I for the fused SwiGLU weight), ``T`` <= 16.
+
+    Rule (measured on an H200 over the Qwen3-0.6B / 4B layers with CUDA graphs, against ~25
+    alternatives per class; each choice within ~5 % of the best tile on the geometric mean):
+
+    - T = 1 (CUDA cores): BLOCK_N = 4, BLOCK_K = 512, 2 warps, 1 stage. Each thread keeps four
+      16-byte loads in flight per step; small programs (4 KB per step, ~40 registers) give every
+      layer >= 256 programs and up to 32 resident per SM, which hides DRAM latency better than
+      bigger tiles or split-K did. Layers with fewer than 16 such programs per SM (Qwen3-4B's
+      qkv, o_proj, down) take BLOCK_K = 1,024 and 4 warps: the same bytes in flight per thread,
+      twice as many threads per SM. Measured over a whole Qwen3-4B step's linears in one graph,
+      with PDL: 2.17 ms against 2.29 ms (bench/kernels/linear.py --decode-step).
+    - T = 2..16 (tl.dot, M padded to 16): BLOCK_N = 32, BLOCK_K = 128, 4 warps, 4 stages (the
+      pipeliner keeps 3 steps of cp.async loads in flight).
+    - BLOCK_K shrinks to next_pow2(K) for small K (never below 16).
+    - SPLIT_K (``gemv_split_k``): only when the grid would leave a quarter of the SMs idle.
+    """
+    assert N >= 1 and K >= 1 and 1 <= T <= SMALL_STEP_MAX_TOKENS
+    if T == 1:
+        block_n, block_k, warps, stages = 4, 512, 2, 1
+        if triton.cdiv(N, block_n) < 16 * sms:
+            block_k, warps = 1024, 4
+    else:
+        block_n, block_k, warps, stages = 32, 128, 4, 4
+    block_k = min(block_k, max(16, triton.next_power_of_2(K)))
+    return GemvConfig(block_n, block_k, gemv_split_k(N, K, block_n, block_k, sms), warps, stages)
+
+
+def gemv_split_k(N: int, K: int, block_n: int, block_k: int, sms: int = DEFAULT_NUM_SMS) -> int:
+    """SPLIT_K for the given tiles: 1 when the grid has at least 3/4 as many programs as SMs (the
+    reduce kernel costs ~2 us, more than the tail it would save); else doubled while the grid has
+    fewer than 4 programs per SM and each split keeps at least 2 BLOCK_K chunks, then recomputed
+    from the chunks per split (``cdiv``) so that no split is empty."""
+    programs = triton.cdiv(N, block_n)
+    k_blocks = triton.cdiv(K, block_k)
+    if 4 * programs >= 3 * sms:
+        return 1
+    split = 1
+    while programs * split < 4 * sms and k_blocks >= 4 * split:
+        split *= 2
+    return triton.cdiv(k_blocks, triton.cdiv(k_blocks, split))
+
+
+@triton.jit
+def _load_w(w_ptrs, k0, offs_k, K, EVEN_K: tl.constexpr):
+    # Every device function here returns once, at the end: the compiler would also build the code
+    # after a return inside a constexpr branch.
+    if EVEN_K:
+        w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs + k0, mask=(offs_k < K - k0)[None, :], other=0.0, eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    if USE_DOT:
+        if EVEN_K:
+            x = tl.load(x_ptrs + k0, mask=t_mask[:, None], other=0.0, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_ptrs + k0, mask=t_mask[:, None] & (offs_k < K - k0)[None, :], other=0.0,
+                        eviction_policy="evict_last")
+    else:
+        if EVEN_K:
+            x = tl.load(x_ptrs + k0, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_ptrs + k0, mask=offs_k < K - k0, other=0.0, eviction_policy="evict_last")
+    return x
+
+
+@triton.jit
+def _norm_rstd(x_ptr, T, stride_xt, eps, BLOCK_T: tl.constexpr, NORM_K: tl.constexpr,
+               NORM_HALF: tl.constexpr, USE_DOT: tl.constexpr):
+    """The RMSNorm prologue's ``rsqrt(mean(x^2) + eps)`` of each token row of ``x`` (``NORM_K`` =
+    K elements): a float32 scalar (T = 1 path) or ``[BLOCK_T, 1]`` (tl.dot path; padded rows 1).
+    Each row is reduced alone, on the tiles of rms_norm.py's row kernel."""
+    if USE_DOT:
+        offs_t = tl.arange(0, BLOCK_T)[:, None]
+        rstd = tl.full((BLOCK_T, 1), 1.0, tl.float32)
+        for t in range(0, T):
+            a, b = load_row_halves(x_ptr + t * stride_xt, NORM_K, NORM_HALF)
+            rstd = tl.where(offs_t == t, tl.sum(rstd_halves(a, b, NORM_K, eps)), rstd)
+    else:
+        a, b = load_row_halves(x_ptr, NORM_K, NORM_HALF)
+        rstd = tl.sum(rstd_halves(a, b, NORM_K, eps))
+    return rstd
+
+
+@triton.jit
+def _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    """The chunk ``x[:, k0:k0 + BLOCK_K]`` RMS-normalized: ``round(w * round(x * rstd))`` with the
+    norm weight's chunk, in x's dtype (as the row kernel stores it)."""
+    if EVEN_K:
+        w = tl.load(nw_ptr + k0 + offs_k, eviction_policy="evict_last")
+    else:
+        w = tl.load(nw_ptr + k0 + offs_k, mask=offs_k < K - k0, other=0.0, eviction_policy="evict_last")
+    w = w.to(tl.float32)
+    if USE_DOT:
+        w = w[None, :]
+    return scale_normalized(x.to(tl.float32), rstd, w, x.dtype)
+
+
+@triton.jit
+def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
+    if USE_DOT:
+        if DOT_F32:
+            w = w.to(tl.float32)
+            x = x.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        acc = acc + w.to(tl.float32) * x.to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _gemv_rows(
+    x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
+    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
+    NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
+):
+    """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi) (never empty):
+    [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1 path). ``rows`` must be valid row
+    indices (no row mask). The first chunk is peeled: its weight load is issued before the grid
+    dependency wait (``PDL``), so it overlaps the tail of the kernel before; the activations, which
+    that kernel may have written, are read after it. The order of the sums is the same either way.
+    ``NORM``: x is RMS-normalized on the fly with the weight at ``nw_ptr`` (the prologue)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_t = tl.arange(0, BLOCK_T)
+    t_mask = offs_t < T
+    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    if USE_DOT:
+        x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
+        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    else:
+        x_ptrs = x_ptr + offs_k
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    k0 = kb_lo * BLOCK_K
+    w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
+    if PDL:
+        gdc_wait()
+    if NORM:
+        rstd = _norm_rstd(x_ptr, T, stride_xt, eps, BLOCK_T, NORM_K, NORM_HALF, USE_DOT)
+    x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
+    if NORM:
+        x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
+    acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
+    for kb in range(kb_lo + 1, kb_hi):
+        k0 = kb * BLOCK_K
+        w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
+        x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
+        if NORM:
+            x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
+        acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
+    if not USE_DOT:
+        acc = tl.sum(acc, axis=1)
+    return acc
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, y_ptr, nw_ptr, r_ptr, T, N, K, I_OFF, kb_per_split, eps,
+    stride_xt, stride_wn, stride_ys, stride_yt, stride_rt,
+    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr, NORM: tl.constexpr, NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
+    program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). NORM: x is
+    RMS-normalized first (weight ``nw_ptr``, ``NORM_K`` = K); RESIDUAL: ``r[t, n]`` is added to the
+    rounded result (``r`` has y's shape; never with split-K partials)."""
+    if PDL:
+        gdc_launch_dependents()
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    kb_lo = pid_k * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
+    acc = _gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
+                     BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF)
+    out_ty = y_ptr.dtype.element_ty
+    if SWIGLU:
+        acc_u = _gemv_rows(x_ptr, w_ptr, nw_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
+                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF)
+        acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
+    y_ptr += pid_k.to(tl.int64) * stride_ys
+    n_mask = offs_n < N
+    if USE_DOT:
+        offs_t = tl.arange(0, BLOCK_T).to(tl.int64)[:, None]
+        mask = (offs_t < T) & n_mask[None, :]
+        y = add_residual(acc.to(out_ty), r_ptr + offs_t * stride_rt + offs_n[None, :], mask, RESIDUAL)
+        tl.store(y_ptr + offs_t * stride_yt + offs_n[None, :], y, mask=mask)
+    else:
+        y = add_residual(acc.to(out_ty), r_ptr + offs_n, n_mask, RESIDUAL)
+        tl.store(y_ptr + offs_n, y, mask=n_mask)
+
+
+@triton.jit
+def _sum_splits(p_ptrs, mask, stride_ps, SPLIT_K: tl.constexpr):
+    """Partials of splits 0, 1, ..., SPLIT_K-1 added in that order (deterministic)."""
+    acc = tl.load(p_ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0)
+    return acc
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    p_ptr, y_ptr, r_ptr, N, I_OFF, stride_ps, stride_pt, stride_yt, stride_rt,
+    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    p_ptrs = p_ptr + t * stride_pt + offs
+    acc = _sum_splits(p_ptrs, mask, stride_ps, SPLIT_K)
+    out_ty = y_ptr.dtype.element_ty
+    if SWIGLU:
+        acc_u = _sum_splits(p_ptrs + I_OFF, mask, stride_ps, SPLIT_K)
+        acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
+    y = add_residual(acc.to(out_ty), r_ptr + t * stride_rt + offs, mask, RESIDUAL)
+    tl.store(y_ptr + t * stride_yt + offs, y, mask=mask)
+
+
+def launch_gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, norm_weight: torch.Tensor | None, eps: float,
+                residual: torch.Tensor | None, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool,
+                dot_f32: bool, pdl: bool) -> None:
+    """The GEMV of ``linear`` (T <= 16) on checked arguments: ``_gemv_kernel`` alone, or with split
+    K its float32 partials over all weight rows (the prologue included) then
+    ``_splitk_reduce_kernel``, which applies the epilogues. ``i_off``: the first up row of a SwiGLU
+    weight (else 0); ``dot_f32``: float32 dot operands (the interpreter); ``pdl``: granted."""
+    T, K = x.shape
+    n_w = w.shape[0]
+    use_dot = T > 1
+    k_blocks = triton.cdiv(K, cfg.block_k)
+    kb_per_split = triton.cdiv(k_blocks, cfg.split_k)
+    split = triton.cdiv(k_blocks, kb_per_split)  # no empty split
+    norm = norm_weight is not None
+    has_residual = residual is not None
+    nw = norm_weight if norm else w
+    r = residual if has_residual else out
+    consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                  USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
+                  NORM=norm, NORM_K=K if norm else 0, NORM_HALF=norm_launch_config(K, 1)[1] if norm else 1,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True, **launch_options(pdl))
+    if split == 1:
+        grid = (triton.cdiv(n_out, cfg.block_n), 1)
+        _gemv_kernel[grid](x, w, out, nw, r, T, n_out, K, i_off, kb_per_split, eps,
+                           x.stride(0), w.stride(0), 0, out.stride(0), r.stride(0),
+                           SWIGLU=swiglu, RESIDUAL=has_residual, **consts)
+        return
+    # Split-K: the partial kernel is the plain one over all weight rows (the prologue included);
+    # the epilogues run in the reduce.
+    part = torch.empty((split, T, n_w), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(n_w, cfg.block_n), split)
+    _gemv_kernel[grid](x, w, part, nw, part, T, n_w, K, 0, kb_per_split, eps,
+                       x.stride(0), w.stride(0), part.stride(0), part.stride(1), 0,
+                       SWIGLU=False, RESIDUAL=False, **consts)
+    grid = (T, triton.cdiv(n_out, REDUCE_BLOCK))
+    _splitk_reduce_kernel[grid](part, out, r, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
+                                r.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl,
+                                RESIDUAL=has_residual, num_warps=4, enable_fp_fusion=True, **launch_options(pdl))
+
+
+__all__ = ["GemvConfig", "gemv_config", "gemv_split_k", "launch_gemv"]

@@ -1,0 +1,156 @@
+"""The split-KV (flash-decoding) kernels of the paged attention for 1..16 new tokens
+(paged_attention.py checks and launches them through :func:`launch_decode`).
+
+``_paged_decode_kernel``, grid ``(num_kv_heads, num_splits)``: a program takes all ``T * G`` q rows
+of its kv head (padded to BLOCK_M = max(16, next_pow2(T * G)) rows so that ``tl.dot`` runs on
+tensor cores) and scans one contiguous, tile-aligned chunk of the ``L = start + T`` cached
+positions in BLOCK_N-key tiles (:func:`attend_tiles` of device_functions.py); tiles below ``start
++ 1`` are unmasked, the tail applies the causal mask of each row's token. It writes the
+unnormalized float32 output and the running max and sum of its rows to scratch buffers ``[T, H,
+num_splits, D]`` / ``[T, H, num_splits]``; with one split it normalizes and writes the output
+itself and the combine is skipped. The start is read on the device from ``positions[0]``, so that
+a replayed CUDA graph follows the step.
+
+``_paged_decode_combine_kernel``, grid ``(T * H,)``: a program loads the ``num_splits`` partials of
+one (token, q head), weights each by ``exp2(m_s - M)`` (splits that saw no key of this row have
+``m_s = -inf`` and weight 0; ``M`` is never ``-inf`` because key 0 is visible to every row), and
+writes ``sum_s w_s acc_s / sum_s w_s l_s`` in q's dtype.
+
+With PDL both kernels let the next kernel launch and then wait for the one before, first thing:
+the kernels after them, down to the next GEMV, are placed while the attention runs and prefetch
+their weights. Every program waits, also a decode split that finds no key.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tileinfer.backends.triton.device_functions import attend_tiles, load_q_rows
+from tileinfer.backends.triton.pdl import launch_options
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, part_ptr, max_ptr, sum_ptr,
+    stride_qt, stride_qh,
+    stride_kp, stride_kh, stride_ks,
+    stride_vp, stride_vh, stride_vs,
+    stride_ot, stride_oh,
+    T, pos_ptr, qk_scale, num_splits,
+    NUM_HEADS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    kv_head = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q, tok, head, row_ok = load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
+                                       GROUP, UPCAST)
+    start = tl.load(pos_ptr).to(tl.int32)  # read on the device: a replayed CUDA graph sees the new value
+    qpos = start + tok
+
+    length = start + T
+    chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * chunk  # chunk is a multiple of BLOCK_N
+    hi = tl.minimum(lo + chunk, length)
+    full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N  # keys all rows see
+
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                 stride_vp, stride_vs, qpos, lo, full_end, qk_scale, offs_d,
+                                 False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                 stride_vp, stride_vs, qpos, full_end, hi, qk_scale, offs_d,
+                                 True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+    if SINGLE_SPLIT:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        row = (tok * NUM_HEADS + head) * num_splits + split  # scratch is [T, H, num_splits(, D)]
+        tl.store(part_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+        tl.store(max_ptr + row, m_i, mask=row_ok)
+        tl.store(sum_ptr + row, l_i, mask=row_ok)
+
+
+@triton.jit
+def _paged_decode_combine_kernel(
+    part_ptr, max_ptr, sum_ptr, out_ptr, stride_ot, stride_oh, num_splits,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    pid = tl.program_id(0)  # = token * NUM_HEADS + head
+    tok = pid // NUM_HEADS
+    head = pid % NUM_HEADS
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_ok = offs_s < num_splits
+    rows = pid * num_splits + offs_s
+    m = tl.load(max_ptr + rows, mask=s_ok, other=float("-inf"))
+    l = tl.load(sum_ptr + rows, mask=s_ok, other=0.0)
+    m_all = tl.max(m, 0)
+    m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
+    w = tl.math.exp2(m - m_sub)  # 0 for splits that saw no key of this row
+    part = tl.load(part_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    num = tl.sum(part * w[:, None], 0)
+    den = tl.sum(l * w, 0)
+    out = num / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + tok * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+
+def _decode_scratch(t: int, h: int, num_splits: int, d: int, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-query-row split buffers: partial output ``[T, H, S, D]``, max and sum ``[T, H, S]``, fp32.
+    The one place the decode path allocates."""
+    part = torch.empty(t, h, num_splits, d, dtype=torch.float32, device=device)
+    stats = torch.empty(2, t, h, num_splits, dtype=torch.float32, device=device)
+    return part, stats[0], stats[1]
+
+
+def launch_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                  out: torch.Tensor, positions: torch.Tensor, qk_scale: float, num_splits: int, group: int,
+                  config: dict, upcast: bool, precision: str, pdl: bool) -> None:
+    """``_paged_decode_kernel`` (and, with more than one split, ``_paged_decode_combine_kernel``) on
+    checked arguments; ``qk_scale`` has ``log2(e)`` folded in, ``config`` holds BLOCK_N, num_warps
+    and num_stages, ``pdl`` is granted."""
+    t, h, d = q.shape
+    hkv, page_size = k_pages.shape[1], k_pages.shape[2]
+    block_m = max(16, triton.next_power_of_2(t * group))
+    if num_splits == 1:
+        part = m_buf = l_buf = out  # unused by the kernel when SINGLE_SPLIT
+    else:
+        part, m_buf, l_buf = _decode_scratch(t, h, num_splits, d, q.device)
+    _paged_decode_kernel[(hkv, num_splits)](
+        q, k_pages, v_pages, block_table, out, part, m_buf, l_buf,
+        q.stride(0), q.stride(1),
+        k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
+        out.stride(0), out.stride(1),
+        t, positions, qk_scale, num_splits,
+        NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
+        BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
+        **config, enable_fp_fusion=True, **launch_options(pdl),
+    )
+    if num_splits > 1:
+        _paged_decode_combine_kernel[(t * h,)](
+            part, m_buf, l_buf, out, out.stride(0), out.stride(1), num_splits,
+            NUM_HEADS=h, HEAD_DIM=d, BLOCK_S=triton.next_power_of_2(num_splits),
+            PDL=pdl, num_warps=4 if d >= 128 else 2, enable_fp_fusion=True, **launch_options(pdl),
+        )
+
+
+__all__ = ["launch_decode"]

@@ -1,0 +1,90 @@
+"""The prefill kernel of the paged attention (paged_attention.py checks and launches it through
+:func:`launch_prefill`).
+
+Tiling and grid ``(num_kv_heads, cdiv(T * G, BLOCK_M))``: the ``T * G`` query rows of one kv head
+are the (token, head-of-the-group) pairs in token-major order (row ``r`` is token ``r // G``, q head
+``kv_head * G + r % G``), so one K/V tile load serves every q head of the group. A program owns
+BLOCK_M rows (64) and streams key tiles of BLOCK_N positions (64) up to the causal limit of its last
+token (:func:`attend_tiles` of device_functions.py): the tiles every row of the block sees
+completely run without any mask, the few tiles on the diagonal apply the causal mask and the
+end-of-context load mask. The second grid axis is walked backwards so that the longest (latest)
+blocks start first. With PDL a program lets the next kernel launch and then waits for the one
+before, first thing (q, the pages and the block table may all be outputs of earlier kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tileinfer.backends.triton.device_functions import attend_tiles, load_q_rows
+from tileinfer.backends.triton.pdl import launch_options
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr,
+    stride_qt, stride_qh,
+    stride_kp, stride_kh, stride_ks,
+    stride_vp, stride_vh, stride_vs,
+    stride_ot, stride_oh,
+    T, start, qk_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    kv_head = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # longest blocks first
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q, tok, head, row_ok = load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
+                                       GROUP, UPCAST)
+    qpos = start + tok
+
+    first_tok = (pid_m * BLOCK_M) // GROUP
+    last_tok = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
+    full_end = ((start + first_tok + 1) // BLOCK_N) * BLOCK_N  # keys every row of the block sees
+    causal_end = start + last_tok + 1
+
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                 stride_vp, stride_vs, qpos, 0, full_end, qk_scale, offs_d,
+                                 False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                 stride_vp, stride_vs, qpos, full_end, causal_end, qk_scale, offs_d,
+                                 True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def launch_prefill(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                   out: torch.Tensor, start: int, qk_scale: float, group: int, config: dict, upcast: bool,
+                   precision: str, pdl: bool) -> None:
+    """One launch of ``_paged_prefill_kernel`` on checked arguments; ``qk_scale`` has ``log2(e)``
+    folded in, ``config`` holds BLOCK_M, BLOCK_N, num_warps and num_stages, ``pdl`` is granted."""
+    t, _, d = q.shape
+    hkv, page_size = k_pages.shape[1], k_pages.shape[2]
+    grid = (hkv, triton.cdiv(t * group, config["BLOCK_M"]))
+    _paged_prefill_kernel[grid](
+        q, k_pages, v_pages, block_table, out,
+        q.stride(0), q.stride(1),
+        k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
+        v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
+        out.stride(0), out.stride(1),
+        t, start, qk_scale,
+        GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
+        **config, enable_fp_fusion=True, **launch_options(pdl),
+    )
+
+
+__all__ = ["launch_prefill"]

@@ -1,0 +1,104 @@
+"""What the tests of tests/backends share: the device, seeded random inputs, NaN-poisoned output
+buffers, the one tolerance table, and the comparisons against a reference twin.
+
+Without a GPU the Triton kernels run under the interpreter (tests/conftest.py sets
+``TRITON_INTERPRET=1`` before any kernel module is imported) on float16 / float32 data, since the
+interpreter computes ``tl.dot`` wrongly on bfloat16; the GPU tests (``@pytest.mark.gpu``) use
+bfloat16 at the Qwen3 shapes.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
+INTERPRETER_DTYPES = [F16, F32]
+EPS = 1e-6  # the RMSNorm epsilon of the tests
+THETA = 1_000_000.0  # Qwen3's rope_theta
+
+QWEN3_LINEARS = {  # name: (N, K) of each linear's weight, [gate; up] and q/k/v fused as the engine loads them
+    "4B.qkv": (6144, 2560), "4B.o_proj": (2560, 4096), "4B.gate_up": (19456, 2560),
+    "4B.down": (2560, 9728), "4B.lm_head": (151936, 2560),
+    "0.6B.qkv": (4096, 1024), "0.6B.o_proj": (1024, 2048), "0.6B.gate_up": (6144, 1024),
+    "0.6B.down": (1024, 3072), "0.6B.lm_head": (151936, 1024),
+}
+
+# (atol, rtol) of a kernel's result against its twin's (or another kernel's), by the kind of
+# difference the two may have and by the result's dtype (``dtype=`` overrides it where the
+# roundings that matter are of another dtype: float32 logits of bfloat16 operands).
+# - one_rounding: both compute in float32 in different orders and round once: ~1 ulp apart.
+# - two_roundings: one more rounding on one side (the twin rounds silu(gate) before the product;
+#   the attention rounds P to the K/V dtype before P.V): ~2 ulps.
+# - norm_rope: a normalized value may be 1 ulp off (the sum of squares is ordered differently) and
+#   RoPE mixes two such values (|cos| + |sin| <= sqrt 2), rounding again: two ulps at the vectors'
+#   scale (|normalized * weight| < 8) absolute, two ulps relative.
+# - norm_residual_matmul: a linear of inputs up to 30x the unit scale (that the RMSNorm prologue
+#   must undo) or of normalized inputs an ulp off, carried through the sum over K, then the
+#   residual's rounding.
+TOLERANCES = {
+    "one_rounding": {F32: (2e-5, 1e-5), F16: (2e-3, 2.5e-3), BF16: (1.6e-2, 1.6e-2)},
+    "two_roundings": {F32: (2e-5, 2e-5), F16: (4e-3, 4e-3), BF16: (3.2e-2, 3.2e-2)},
+    "norm_rope": {F32: (1e-5, 1e-5), F16: (2 * 2**-8, 2 * 2**-10), BF16: (2 * 2**-5, 2 * 2**-7)},
+    "norm_residual_matmul": {F32: (1e-4, 1e-4), F16: (1.6e-2, 8e-3)},
+}
+# Where a half-precision result may be an ulp off the twin only where a sum's order moves a value
+# across a rounding boundary, which is rare: this fraction of its elements must be bit-identical.
+MIN_EXACT = 0.98
+
+
+def tolerance(dtype: torch.dtype, kind: str = "one_rounding") -> tuple[float, float]:
+    """``(atol, rtol)`` of the table for results in ``dtype``."""
+    return TOLERANCES[kind][dtype]
+
+
+def generator(*key) -> torch.Generator:
+    """A generator on the test device seeded from ``key`` (the test case), so that every case draws
+    its own inputs, the same on every run."""
+    return torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def randn(shape, dtype: torch.dtype, g: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=g, device=DEVICE) * scale).to(dtype)
+
+
+def norm_weight(n: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """A norm weight in [0.5, 1.5): not ones, so that a weight left out fails."""
+    return (torch.rand(n, generator=g, device=DEVICE) + 0.5).to(dtype)
+
+
+def step_positions(t: int, capacity: int, g: torch.Generator) -> torch.Tensor:
+    """``t`` consecutive int64 positions from a random start below ``capacity - t`` (a prefill or
+    decode step)."""
+    start = int(torch.randint(0, capacity - t + 1, (1,), generator=g, device=DEVICE))
+    return torch.arange(start, start + t, device=DEVICE)
+
+
+def poisoned(shape, dtype: torch.dtype, device: torch.device | str = DEVICE) -> torch.Tensor:
+    """An output buffer filled with NaN before a launch: an element the kernel leaves unwritten fails
+    the comparison."""
+    return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, kind: str = "one_rounding", *,
+                 dtype: torch.dtype | None = None, min_exact: float = 0.0, equal_nan: bool = False) -> None:
+    """``actual`` within :data:`TOLERANCES` ``[kind]`` of ``expected`` (same shape and dtype), with no
+    NaN left where ``expected`` has none; and at least ``min_exact`` of the compared elements
+    bit-identical (half precision only: float32 rounds too finely for that)."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
+        f"{tuple(actual.shape)} {actual.dtype} against {tuple(expected.shape)} {expected.dtype}")
+    unwritten = actual.isnan() & ~expected.isnan()
+    assert not unwritten.any(), f"{int(unwritten.sum())} elements unwritten (NaN poison left)"
+    atol, rtol = tolerance(dtype or expected.dtype, kind)
+    torch.testing.assert_close(actual, expected, atol=atol, rtol=rtol, equal_nan=equal_nan)
+    if min_exact and expected.dtype != F32:
+        written = ~expected.isnan()
+        exact = (actual[written] == expected[written]).float().mean().item()
+        assert exact >= min_exact, f"only {exact:.4f} of the elements are bit-identical to the reference"
+
+
+def assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Bit for bit, NaN exactly where ``expected`` is NaN (page slots nobody writes stay poisoned)."""
+    torch.testing.assert_close(actual, expected, atol=0, rtol=0, equal_nan=True)

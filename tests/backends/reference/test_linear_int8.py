@@ -1,0 +1,27 @@
+"""Weight-only INT8 (backends/reference/linear_int8.py) against float64 arithmetic."""
+
+from __future__ import annotations
+
+import torch
+
+from tileinfer.backends.reference.linear_int8 import dequantize_int8, linear_int8, quantize_int8
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_quantize_int8_round_trip():
+    w = torch.randn(48, 96, generator=gen(9)) * torch.logspace(-3, 1, 48)[:, None]
+    w[5] = 0.0
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and q.shape == w.shape and scale.shape == (48,) and scale.dtype == torch.float32
+    assert q.abs().max() <= 127
+    assert (q.abs().amax(1)[torch.arange(48) != 5] == 127).all()  # the largest |w| of a row maps to 127
+    torch.testing.assert_close(scale, w.abs().amax(1).clamp(min=1e-12) / 127)
+    err = (dequantize_int8(q, scale, torch.float32) - w).abs()
+    assert (err <= scale[:, None] / 2 * (1 + 1e-5) + 1e-12).all()
+    assert (dequantize_int8(q, scale, torch.float32)[5] == 0).all()
+    x = torch.randn(5, 96, generator=gen(10))
+    torch.testing.assert_close(linear_int8(x, q, scale), x @ (q.double() * scale.double()[:, None]).float().T,
+                               atol=1e-5, rtol=1e-5)

@@ -1,0 +1,87 @@
+"""The benchmark harness without an engine run: bench/run.py's refusals and failure lines, the
+warm-up rule of bench/workloads.py, bench/timing.py on a CPU."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import peers  # noqa: E402
+import run  # noqa: E402
+import timing  # noqa: E402
+from workloads import WARMUP_TOKENS, EngineRunner, Workload, measure, workloads  # noqa: E402
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU refusal")
+def test_run_py_refuses_a_qwen3_shape_on_a_cpu_before_writing_anything(tmp_path, capsys):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    status = run.main(["--shape", "tiny", "--shape", "Qwen3-4B", "--checkpoints", str(ckpt), "--out", str(out)])
+    assert status == 2
+    assert capsys.readouterr().err == ("error: shape Qwen3-4B needs a CUDA GPU (8.0 GB of weights); "
+                                       "on a CPU use --shape tiny\n")
+    assert not ckpt.exists() and not out.exists()
+
+
+def test_a_failed_row_says_why_in_one_line():
+    """Out of memory: the size asked for and the deepest line of ours it came through."""
+    def allocate():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB. GPU 0 has a total capacity\nof")
+
+    try:
+        allocate()
+    except torch.OutOfMemoryError as exc:
+        line = allocate.__code__.co_firstlineno + 1
+        assert run.failure(exc) == f"out of memory, tried to allocate 128.00 GiB (at test_bench_harness.py:{line})"
+    try:
+        {}["x"]
+    except KeyError as exc:
+        assert run.failure(exc).startswith("KeyError: 'x' (at test_bench_harness.py:")
+
+
+def test_warm_up_runs_the_whole_workload_for_a_peer_and_eight_tokens_for_the_engine():
+    class Runner:
+        def __init__(self, full: bool) -> None:
+            self.full_warm_up, self.runs = full, []
+
+        def sample(self, workload: Workload):
+            return lambda: self.runs.append(workload.new_tokens) or 1.0
+
+    w = workloads()["decode128_ctx1024"]
+    for full, first in ((True, w.new_tokens), (False, WARMUP_TOKENS)):
+        runner = Runner(full)
+        measure(runner, w, seconds=0)
+        assert runner.runs == [first, w.new_tokens]
+    assert peers.HFRunner.full_warm_up and peers.CompiledEngineRunner.full_warm_up
+    assert not getattr(EngineRunner, "full_warm_up", False)
+
+
+def test_timing_on_a_cpu():
+    calls = []
+    seconds = timing.median_seconds(lambda: calls.append(1), "cpu", repeats=5, warmup=2)
+    assert len(calls) == 7 and 0 <= seconds < 1
+    assert timing.repeat(lambda: 1.0, 0) == [1.0]  # at least once
+    assert timing.host_seconds(lambda: None, calls=3) >= 0
+
+
+def test_gpu_matrix_parts_cover_every_variant_and_peer_once_per_shape():
+    import subprocess
+
+    from peers import PEERS
+    from variants import VARIANTS
+
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(["bash", "bench/gpu_matrix.sh", "--list"], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    rows: dict[str, list[str]] = {}
+    for line in listed:
+        part, shape, first, *names = line.split()
+        assert first == "default", line  # every part measures its baseline
+        rows.setdefault(shape, []).extend(names)
+    assert set(rows) == set(run.GPU_SHAPES)
+    for shape, names in rows.items():
+        assert sorted(names) == sorted(n for n in [*VARIANTS, *PEERS] if n != "default"), shape
