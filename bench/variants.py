@@ -40,7 +40,7 @@ VARIANTS: dict[str, list[str]] = {
     "no-pdl": ["options.triton.pdl=false"],  # no programmatic dependent launch
     "torch-matmul": TORCH_MATMUL,
     "eager-torch-matmul": [*EAGER, *TORCH_MATMUL],
-    # INT8 runs on the reference linear / attention only (so far): those rows switch them too.
+    # The Triton kernels read model-dtype weights and pages only: the INT8 rows take the reference ones.
     "int8": ["quantize=int8", "linear=reference"],  # weight-only INT8
     "int8-kv": ["kv_store=paged_int8", "attention=reference"],  # INT8 KV cache
     "ngram": ["proposer=ngram"],  # n-gram speculative decoding

@@ -38,7 +38,7 @@ class GemmConfig:
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, relative throughput of one tile's MMAs).
 # At most 128 x 128 so that the SwiGLU program's two float32 accumulators fit in registers with
-# the same tile as the unfused one (2 x 64 registers per thread at 8 warps).
+# the same tile as the plain one (2 x 64 registers per thread at 8 warps).
 # Relative throughputs measured on an H200 at M = 1024 (Qwen3-4B / 0.6B layers): 128 x 128 beat
 # 128 x 64 even at 2 waves against 3 (o_proj: 52 against 59 us).
 GEMM_TILES = (

@@ -55,10 +55,7 @@ def cases(model: str, s: dict, t: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = op_benchmark.parse_args(op_benchmark.parser(__doc__), argv)
-    if not op_benchmark.gpu_visible("attention_inputs.py"):
-        return 2
-    return op_benchmark.run("attention_inputs", args, cases)
+    return op_benchmark.main("attention_inputs", __doc__, cases, argv)
 
 
 if __name__ == "__main__":

@@ -51,10 +51,7 @@ def cases(model: str, s: dict, t: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = op_benchmark.parse_args(op_benchmark.parser(__doc__), argv)
-    if not op_benchmark.gpu_visible("kv_write.py"):
-        return 2
-    return op_benchmark.run("kv_write", args, cases)
+    return op_benchmark.main("kv_write", __doc__, cases, argv)
 
 
 if __name__ == "__main__":

@@ -172,9 +172,20 @@ def step_fn(layers, lm_head, dims, x, kind: str, tiles: dict | None = None, pdl:
     from tileinfer.backends.triton.linear import linear
 
     if kind in ("per-op", "fused"):
-        from tileinfer.plugins.triton.linear import linear_per_op  # the engine's per-op chain
+        from tileinfer.backends.triton.add import add
+        from tileinfer.backends.triton.linear import norm_warps
+        from tileinfer.backends.triton.rms_norm import rms_norm
+        from tileinfer.backends.triton.silu_mul import silu_mul
 
-        lin = linear if kind == "fused" else linear_per_op
+        def per_op(a, w, swiglu=False, norm_weight=None, residual=None, out_dtype=None, pdl=False):
+            """One kernel per op: the norm with the GEMV prologue's warps, the GEMV, SwiGLU, the add."""
+            if norm_weight is not None:
+                a = rms_norm(a, norm_weight, 1e-6, pdl=pdl, num_warps=norm_warps(a.shape[0], *w.shape))
+            y = linear(a, w, out_dtype=out_dtype, pdl=pdl)
+            y = silu_mul(y, pdl=pdl) if swiglu else y
+            return y if residual is None else add(y, residual, pdl=pdl)
+
+        lin = linear if kind == "fused" else per_op
 
         def residual_stream():
             h = x

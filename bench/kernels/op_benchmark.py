@@ -89,6 +89,15 @@ def measure(case: dict, make_inputs: Callable[[int], object], kernel: Callable, 
                 twin_copy_fraction=moved / seconds["twin"] / bandwidth, max_abs_err=err)
 
 
+def main(op: str, doc: str, cases: Callable[[str, dict, int], Iterable[tuple]], argv: list[str] | None) -> int:
+    """The ``main`` of a script measuring ``cases`` (:func:`run`) with the arguments of :func:`parser`;
+    exit status 2 and one line without a GPU."""
+    args = parse_args(parser(doc), argv)
+    if not gpu_visible(f"{op}.py"):
+        return 2
+    return run(op, args, cases)
+
+
 def run(op: str, args: argparse.Namespace, cases: Callable[[str, dict, int], Iterable[tuple]]) -> int:
     """For each model and T, ``cases(model, shape, T)`` yields ``(case, make_inputs, kernel, twin,
     moved)``; each is measured, printed as a row, and the records are written to ``args.out/<op>.json``."""

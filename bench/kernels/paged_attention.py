@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
     print(f"shape: {h} q heads, {hkv} kv heads, head_dim {d}, page {SHAPE['page_size']}, bf16")
     q, k_pages, v_pages, bt, _, _ = make_cache(65, 1, seed=1)
-    floor_s = bench(lambda: paged_decode_attention(q, k_pages, v_pages, bt, 64, scale, num_splits=2))
+    positions = torch.tensor([64], device="cuda")  # made outside the graph, as a captured step's are
+    floor_s = bench(lambda: paged_decode_attention(q, k_pages, v_pages, bt, 64, scale, positions=positions,
+                                                   num_splits=2))
     print(f"timing floor (decode over 65 keys, 2 splits, graph replay): {floor_s * 1e6:.1f} us")
 
     decode = []
@@ -122,10 +124,11 @@ def main(argv: list[str] | None = None) -> int:
             kv_bytes = 2 * length * hkv * d * 2
             sdpa_s = bench(sdpa_fn(q, k, v, context, scale))
             default = decode_splits(length)
+            positions = torch.arange(context, length, device="cuda")
             for splits in SPLITS + ((default,) if default not in SPLITS else ()):
                 out = torch.empty_like(q)
                 fn = lambda: paged_decode_attention(q, k_pages, v_pages, bt, context, scale,  # noqa: E731
-                                                    num_splits=splits, out=out)
+                                                    positions=positions, num_splits=splits, out=out)
                 fn()
                 err = max_error(out, q, k_pages, v_pages, bt, context, scale)
                 seconds = bench(fn)

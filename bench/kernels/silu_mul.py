@@ -35,10 +35,7 @@ def cases(model: str, s: dict, t: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = op_benchmark.parse_args(op_benchmark.parser(__doc__), argv)
-    if not op_benchmark.gpu_visible("silu_mul.py"):
-        return 2
-    return op_benchmark.run("silu_mul", args, cases)
+    return op_benchmark.main("silu_mul", __doc__, cases, argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tileinfer.backends.triton import SMALL_STEP_MAX_TOKENS
+
 from tileinfer.backends.reference import linear as ref
 from tileinfer.backends.reference.add import add as ref_add
 from tileinfer.backends.reference.rms_norm import rms_norm as ref_rms_norm
@@ -130,7 +132,12 @@ def test_norm_prologue_and_residual_epilogue(T, parts, swiglu, dtype):
     args = dict(swiglu=swiglu, residual=r) | ({} if nw is None else dict(norm_weight=nw, eps=EPS))
     out = poisoned(r.shape if r is not None else (T, N // 2 if swiglu else N), dtype)
     fused = linear(x, w, out=out, **args)
-    assert_equal(fused, linear_per_op(x, w, **args))
+    if x.is_cuda and dtype == torch.float32 and nw is not None and T <= SMALL_STEP_MAX_TOKENS:
+        # Compiled float32 only: the prologue's sum of squares differs from the row kernel's in the
+        # last bit (no rounding to a narrower dtype hides it); model dtypes of 16 bits are exact.
+        assert_close(fused, linear_per_op(x, w, **args), "one_rounding")
+    else:
+        assert_equal(fused, linear_per_op(x, w, **args))
     assert_close(fused, reference_chain(x, w, nw, r, swiglu), "norm_residual_matmul")
 
 
