@@ -1,6 +1,7 @@
 """The table of bench/compare_commits.sh: the default config of two commits, side by side.
 
-    python bench/compare_commits.py DIR      # DIR/<side>-<round>/results.json, side before or after
+    python bench/compare_commits.py DIR [--records FILE]   # DIR/<side>-<round>/results.json
+    python bench/compare_commits.py FILE                   # the rows --records wrote, in one JSON file
 
 For each shape and workload: each round's figure of each side (the median of that run's samples),
 the median over the rounds, and after / before of the medians (a speed ratio: > 1 is faster after,
@@ -19,14 +20,24 @@ from pathlib import Path
 SIDES = ("before", "after")
 
 
-def load(folder: Path) -> dict[tuple[str, str, str], list[dict]]:
-    """(side, shape, workload) -> the default rows of each round, in round order."""
+def read(source: Path) -> list[dict]:
+    """Every default row with a figure, each with its ``side`` and ``round``: from a folder of
+    ``<side>-<round>/results.json`` or from one JSON file of such rows."""
+    if source.is_file():
+        return json.loads(source.read_text())
+    found = []
+    for path in source.glob("*-*/results.json"):
+        side, round_ = path.parent.name.rsplit("-", 1)
+        found += [{**row, "side": side, "round": int(round_)} for row in json.loads(path.read_text())
+                  if row.get("variant") == "default" and row.get("value") is not None and side in SIDES]
+    return sorted(found, key=lambda r: (r["round"], SIDES.index(r["side"]), r["shape"], r["workload"]))
+
+
+def load(found: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
+    """(side, shape, workload) -> the rows of each round, in round order."""
     rows: dict[tuple[str, str, str], list[dict]] = {}
-    for path in sorted(folder.glob("*-*/results.json"), key=lambda p: p.parent.name.split("-")[-1]):
-        side = path.parent.name.rsplit("-", 1)[0]
-        for row in json.loads(path.read_text()):
-            if row.get("variant") == "default" and row.get("value") is not None and side in SIDES:
-                rows.setdefault((side, row["shape"], row["workload"]), []).append(row)
+    for row in sorted(found, key=lambda r: r["round"]):
+        rows.setdefault((row["side"], row["shape"], row["workload"]), []).append(row)
     return rows
 
 
@@ -64,13 +75,18 @@ def table(rows: dict[tuple[str, str, str], list[dict]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="the ab/ folder of bench/compare_commits.sh")
+    parser.add_argument("source", type=Path, help="the rounds' folder of bench/compare_commits.sh, or the JSON "
+                        "file --records wrote")
+    parser.add_argument("--records", type=Path, metavar="FILE", help="also write every row (with side and round) "
+                        "to FILE, one JSON list")
     args = parser.parse_args(argv)
-    rows = load(args.folder)
-    if not rows:
-        print(f"error: no default rows under {args.folder}/*-*/results.json", file=sys.stderr)
+    found = read(args.source)
+    if not found:
+        print(f"error: no default rows in {args.source}", file=sys.stderr)
         return 2
-    print(table(rows))
+    if args.records:
+        args.records.write_text(json.dumps(found, indent=1) + "\n")
+    print(table(load(found)))
     return 0
 
 

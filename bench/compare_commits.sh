@@ -9,8 +9,9 @@
 # On the GPU (the working tree is the other side, "after"):
 #   run(command="COMMIT=abc1234 BEFORE=a926bc4 bash bench/compare_commits.sh", carry=[".whl", ".ab"])
 # Each side runs from a package folder made of its core/, backends/, plugins/ and configs/ (no
-# install, so the two never mix); results come back as $OUT/ab/<side>-<round>/results.json and the
-# table that `python bench/compare_commits.py $OUT/ab` prints (also written to $OUT/ab/compare.md).
+# install, so the two never mix). Every row comes back in one file, $OUT/ab/records.json (each with
+# its side and round), with the table `python bench/compare_commits.py` prints from it
+# ($OUT/ab/compare.md); each run's log is $OUT/ab/<side>-<round>.log.
 # Environment: COMMIT, BEFORE (the commits' hashes, recorded), ROUNDS (default 2), SECONDS_PER_ROW
 # (default 2), SHAPES (default "Qwen3-0.6B Qwen3-4B"), AB_S (seconds for the whole comparison,
 # default 420).
@@ -35,12 +36,12 @@ deadline=$(( $(date +%s) + ${AB_S:-420} ))
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for side in before after; do
     left=$(( deadline - $(date +%s) )); (( left > 30 )) || { echo "ab: out of time before $side-$round"; break 2; }
-    dir="$OUT/ab/$side-$round"; mkdir -p "$dir"
+    dir="/tmp/ab-runs/$side-$round"; mkdir -p "$dir" "$OUT/ab"
     echo "[$(date +%T)] $side round $round"
     PYTHONPATH=/tmp/ab/$side:/tmp/site timeout "$left" python3 "${TREE[$side]}/bench/run.py" --commit "${HASH[$side]}" \
       "${shapes[@]}" --variant default --workload prefill1024 --workload decode128_ctx1024 \
-      --seconds "${SECONDS_PER_ROW:-2}" --no-peers --out "$dir" > "$dir/run.log" 2>&1
-    echo "  exit $?"; grep -E "error|Error" "$dir/run.log" | tail -3
+      --seconds "${SECONDS_PER_ROW:-2}" --no-peers --out "$dir" > "$OUT/ab/$side-$round.log" 2>&1
+    echo "  exit $?"; grep -E "error|Error" "$OUT/ab/$side-$round.log" | tail -3
   done
 done
-python3 bench/compare_commits.py "$OUT/ab" | tee "$OUT/ab/compare.md"
+python3 bench/compare_commits.py /tmp/ab-runs --records "$OUT/ab/records.json" | tee "$OUT/ab/compare.md"

@@ -27,8 +27,11 @@ def test_the_table_gives_each_round_the_medians_and_the_speed_ratio(tmp_path, ca
                                       ("Qwen3-4B", "prefill1024"): 20.0}, "aaa1111")
         write(tmp_path, "after", r, {("Qwen3-4B", "decode128_ctx1024"): decode_after,
                                      ("Qwen3-4B", "prefill1024"): 16.0}, "bbb2222")
-    assert compare_commits.main([str(tmp_path)]) == 0
+    records = tmp_path / "records.json"
+    assert compare_commits.main([str(tmp_path), "--records", str(records)]) == 0
     out = capsys.readouterr().out
+    assert compare_commits.main([str(records)]) == 0 and capsys.readouterr().out == out  # the same from the file
+    assert len(json.loads(records.read_text())) == 12  # 2 sides x 3 rounds x 2 workloads, no other variant
     decode = next(line for line in out.splitlines() if "decode128_ctx1024" in line)
     assert "| 380, 384, 370 | 390, 386, 392 | 380 tok/s (76.0% of roofline) | 390 tok/s (78.0% of roofline) |" in decode
     assert decode.endswith(f"| x{390 / 380:.3f} |")
