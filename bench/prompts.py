@@ -5,9 +5,9 @@
 - OPEN: continue the file. Open text: drafts are accepted far less.
 
 A prompt is the file cut at a line boundary to the longest head whose prompt, rendered with the
-chat template (generation prompt included), is at most ``max_tokens`` tokens (the seed's
-reference point: 1,024). The benchmark files are three modules of CPython 3.11.7's standard
-library, committed under ``models/heldout/`` (PSF License, ``LICENSE-Python.txt`` there), whose
+chat template (generation prompt included), is at most ``max_tokens`` tokens (1,024 by default,
+as the speculative-decoding benchmarks specify). The benchmark files are three modules of CPython
+3.11.7's standard library, committed under ``models/heldout/`` (PSF License, ``LICENSE-Python.txt`` there), whose
 names are held out of the shipped models' training corpus (``models/corpus.py``), so the results
 reproduce on any machine:
 

@@ -32,7 +32,7 @@ from records import CombineError, name  # noqa: E402
 from variants import QUANTIZED, VARIANTS  # noqa: E402
 from workloads import NAMES  # noqa: E402
 
-# The seed's CUDA-graph table: per kernel set, the variants that run its decode steps eagerly,
+# The CUDA-graph table: per kernel set, the variants that run its decode steps eagerly,
 # replayed from graphs step by step, and replayed with the host one step behind (pipelined).
 GRAPH_WORKLOAD = "decode128_ctx1024"
 GRAPH_STEPS = ("eager", "CUDA graphs", "CUDA graphs + pipelined")

@@ -19,7 +19,6 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tileinfer.errors import ConfigError
-from tileinfer.hookspecs import KINDS
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")

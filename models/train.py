@@ -35,11 +35,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +47,9 @@ import torch.nn.functional as F
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from tokenizer import ENDOFTEXT, IM_END, copy_files  # noqa: E402
+from checkpoints import save_model, save_state, set_rng_state  # noqa: E402
+from loss_plot import plot  # noqa: E402
+from tokenizer import ENDOFTEXT, IM_END  # noqa: E402
 
 SIZES = {
     "target": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
@@ -166,90 +167,6 @@ def evaluate(model, stream: Stream, batch: int, device: torch.device, max_sequen
         tokens += y.numel()
     model.train(was_training)
     return {"loss": total / tokens, "tokens": tokens}
-
-
-# -- checkpoints -----------------------------------------------------------------------------------
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_state(path: Path, model, optimizer, step: int, plan: Plan, history: dict, args: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "plan": asdict(plan), "history": history, "rng": rng_state(), "args": args}, tmp)
-    os.replace(tmp, path)
-
-
-# -- outputs ---------------------------------------------------------------------------------------
-
-
-def save_model(model, folder: Path, tokenizer_dir: Path) -> None:
-    """The Hugging Face checkpoint in BF16, with generation_config.json and the tokenizer's files."""
-    from transformers import GenerationConfig, Qwen3ForCausalLM
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("model*.safetensors*"):
-        old.unlink()
-    copy = Qwen3ForCausalLM(model.config)
-    copy.load_state_dict({k: v.detach().cpu() for k, v in model.state_dict().items()})
-    copy = copy.to(torch.bfloat16)
-    copy.config.dtype = torch.bfloat16
-    copy.generation_config = GenerationConfig(eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT,
-                                              do_sample=False)
-    copy.save_pretrained(folder)  # one model.safetensors
-    copy_files(tokenizer_dir, folder)
-
-
-def plot(history: dict, path: Path, title: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("loss plot skipped: matplotlib is not installed", flush=True)
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
-    tokens = np.asarray(history["train_tokens"], dtype=float) / 1e6
-    loss = np.asarray(history["train_loss"], dtype=float)
-    if len(loss):
-        ax.plot(tokens, loss, color="tab:blue", alpha=0.25, lw=0.8)
-        w = max(1, len(loss) // 40) * 2 + 1  # centered moving mean over ~5 % of the points
-        if len(loss) > w:
-            mean = np.convolve(loss, np.ones(w) / w, mode="valid")
-            ax.plot(tokens[w // 2:len(loss) - w // 2], mean, color="tab:blue", lw=1.5,
-                    label=f"train (mean of {w} points)")
-        else:
-            ax.plot(tokens, loss, color="tab:blue", lw=1.5, label="train")
-    if history["eval_loss"]:
-        ax.plot(np.asarray(history["eval_tokens"], dtype=float) / 1e6, history["eval_loss"], "o-", color="tab:orange",
-                lw=1.5, ms=3, label="held-out")
-    ax.set_xlabel("training tokens (millions)")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title(title, fontsize=10)
-    if len(loss):
-        low = min(loss.min(), min(history["eval_loss"] or [9e9]))
-        ax.set_ylim(max(0.0, low - 0.2), min(float(loss.max()), 10.0) + 0.1)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
 
 
 # -- the run ---------------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROOT = Path(__file__).resolve().parents[1]
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -37,6 +40,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def load_script(path: str, name: str):
+    """A script of bench/ or models/ (neither folder is a package) imported as module ``name``,
+    once, with its folder on sys.path for its own imports."""
+    if name not in sys.modules:
+        script = ROOT / path
+        if str(script.parent) not in sys.path:
+            sys.path.insert(0, str(script.parent))
+        spec = importlib.util.spec_from_file_location(name, script)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def gpu_available() -> bool:

@@ -4,28 +4,16 @@ JSON record holds finite positive figures."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import load_script
 
 
-def load_script():
-    name = "tileinfer_bench_speculative"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "speculative.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
-
-speculative = load_script()
+speculative = load_script("bench/speculative.py", "tileinfer_bench_speculative")
 
 
 def positive(x) -> bool:

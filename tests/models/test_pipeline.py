@@ -6,50 +6,28 @@ their budget, and packing for the device tool round-trips."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import tileinfer
+from conftest import load_script
 from tileinfer.tokenizer import Tokenizer as TileTokenizer
 from tileinfer.interfaces import Step
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS, SEQ_LEN, VOCAB, MAX_PROMPT = 120, 256, 512, 200
 
 
-def load(path: str, name: str):
-    """A script of models/ or bench/ as a module (neither folder is a package)."""
-    if name not in sys.modules:
-        sys.path.insert(0, str(ROOT / "models"))
-        spec = importlib.util.spec_from_file_location(name, ROOT / path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = load("models/corpus.py", "corpus")
-tokenizer_script = load("models/tokenizer.py", "tokenizer")
-data = load("models/data.py", "data")
-train = load("models/train.py", "train")
-make_all = load("models/make_all.py", "make_all")
-evaluate = load("models/evaluate.py", "evaluate")
+corpus = load_script("models/corpus.py", "corpus")
+tokenizer_script = load_script("models/tokenizer.py", "tokenizer")
+data = load_script("models/data.py", "data")
+train = load_script("models/train.py", "train")
+make_all = load_script("models/make_all.py", "make_all")
+evaluate = load_script("models/evaluate.py", "evaluate")
 prompts = data.prompts
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """This machine's two cores are one core's worth: two OpenMP threads stall each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def train_args(folder: Path, run: Path, *extra: str) -> list[str]:

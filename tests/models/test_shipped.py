@@ -5,16 +5,15 @@ bench/prompts.py. Each test skips while its model folder is not there yet."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import tileinfer
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("TILEINFER_SHIPPED_MODELS") or ROOT / "models")  # another folder: check before committing
@@ -22,17 +21,7 @@ WEIGHT_LIMIT = 32_000_000  # bytes of safetensors, target and draft together
 NEW_TOKENS = 48
 
 
-def load_prompts():
-    name = "tileinfer_bench_prompts"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "prompts.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-prompts = load_prompts()
+prompts = load_script("bench/prompts.py", "tileinfer_bench_prompts")
 
 
 def folder(name: str) -> Path:

@@ -1,5 +1,6 @@
 """The chains of per-op kernels that the fused kernels must equal bit for bit: the oracle of the
-fused linear (RMSNorm prologue, SwiGLU and residual epilogues) and of the fused attention inputs."""
+fused linear (RMSNorm prologue, SwiGLU and residual epilogues) and, from the Triton attention
+plugin, of the fused attention inputs (``inputs_per_op``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import torch
 
 from tileinfer.backends.triton.add import add
 from tileinfer.backends.triton.interpreter import sms_of
-from tileinfer.backends.triton.kv_write import write_kv
 from tileinfer.backends.triton.linear import GemmConfig, GemvConfig, linear, norm_warps
 from tileinfer.backends.triton.rms_norm import rms_norm
-from tileinfer.backends.triton.rope import apply_rope
 from tileinfer.backends.triton.silu_mul import silu_mul
+from tileinfer.plugins.triton.attention import inputs_per_op  # the chain the ablation row runs
 
 
 def linear_per_op(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype | None = None, swiglu: bool = False,
@@ -31,18 +31,4 @@ def linear_per_op(x: torch.Tensor, w: torch.Tensor, *, out_dtype: torch.dtype | 
     return y
 
 
-def inputs_per_op(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, positions: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                  block_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, *,
-                  pdl: bool = False) -> torch.Tensor:
-    """``attention_inputs`` as one kernel per op (8 launches): copies of the q, k, v slices of
-    ``qkv``, ``rms_norm`` of the q and k heads, ``apply_rope`` to both, ``write_kv``; returns q."""
-    t, d = qkv.shape[0], head_dim
-    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-    q = q.contiguous().view(t, num_heads, d)
-    k = k.contiguous().view(t, num_kv_heads, d)
-    v = v.contiguous().view(t, num_kv_heads, d)
-    q = apply_rope(rms_norm(q, q_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
-    k = apply_rope(rms_norm(k, k_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
-    write_kv(k_pages, v_pages, block_table, positions, k, v, pdl=pdl)
-    return q
+__all__ = ["inputs_per_op", "linear_per_op"]
