@@ -29,6 +29,7 @@ from tileinfer.interfaces import KVGeometry, KVStore, Proposer, ProposerContext,
 from tileinfer.loading import CheckpointReader
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
+from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
 from tileinfer.registry import Registry, build_registry
 from tileinfer.resolution import implementation_options, resolve_dtype
 from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps
@@ -69,6 +70,17 @@ class Generation:
         return {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
 
 
+def model_folder(config: Config) -> Path:
+    """The checkpoint folder the config names (the shipped model when none), checked to exist."""
+    folder = Path(config.model) if config.model is not None else shipped_model()
+    if folder is None:
+        raise ConfigError("no model given: pass --model DIR or model=DIR (a Hugging Face Qwen3 checkpoint "
+                          "folder); the shipped model models/target is not installed (models/README.md)")
+    if not folder.is_dir():
+        raise ConfigError(f"model folder not found: {folder}")
+    return folder
+
+
 def shipped_model() -> Path | None:
     """The small model trained for tileinfer (``tileinfer.models``: models/target in the
     repository, installed with the package), if present."""
@@ -91,12 +103,7 @@ class Engine:
         self.registry = registry or build_registry()
         config = resolve_config(config, self.registry)
         self.config = config
-        folder = Path(config.model) if config.model else shipped_model()
-        if folder is None:
-            raise ConfigError("no model given: pass --model DIR or model=DIR (a Hugging Face Qwen3 checkpoint "
-                              "folder); the shipped model models/target is not installed (models/README.md)")
-        if not folder.is_dir():
-            raise ConfigError(f"model folder not found: {folder}")
+        self.folder = folder = model_folder(config)
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model_config = ModelConfig.from_folder(folder)
@@ -165,30 +172,10 @@ class Engine:
     # -- input ---------------------------------------------------------------------------------
 
     def encode_prompt(self, prompt: str, *, chat: bool = False) -> list[int]:
-        if self.tokenizer is None:
-            raise UsageError(f"{self.config.model} has no tokenizer.json: pass token ids instead of text")
-        if chat:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.tokenizer.encode(text, add_special_tokens=False)
-        return self.tokenizer.encode(prompt)
-
-    def _check_prompt(self, ids: list[int], max_new_tokens: int) -> None:
-        if not ids:
-            raise UsageError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise UsageError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        if max_new_tokens < 1:
-            raise UsageError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        draft = self.config.spec_k if self.proposer else 0
-        need = len(ids) + max_new_tokens + draft
-        if need > self.capacity:
-            limit = ("the model's max_position_embeddings" if self.capacity == self.model_config.max_positions
-                     else "kv_capacity")
-            raise UsageError(f"the prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens})"
-                             + (f" + spec_k ({draft})" if draft else "")
-                             + f" needs {need} positions, more than {limit} ({self.capacity})")
+        """The token ids of a text prompt (``chat``: wrapped in the chat template)."""
+        if not isinstance(prompt, str):
+            raise UsageError(f"encode_prompt takes text (a str), got {type(prompt).__name__}")
+        return prompt_ids(prompt, chat, self.tokenizer, self.folder)
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -202,15 +189,13 @@ class Engine:
         Stops at an EOS token of generation_config.json (unless ``ignore_eos``, as benchmarks do)
         or after ``max_new_tokens`` (default: the config's).
         """
-        if isinstance(prompt, str):
-            ids = self.encode_prompt(prompt, chat=chat)
-        else:
-            if chat:
-                raise UsageError("chat=True needs a text prompt, not token ids")
-            ids = list(prompt)
-        max_new = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
-        self._check_prompt(ids, max_new)
-        return self._stream(ids, max_new, () if ignore_eos else self.model_config.eos_token_ids)
+        check_flag("ignore_eos", ignore_eos)
+        ids = prompt_ids(prompt, chat, self.tokenizer, self.folder)
+        max_new = max_new_tokens_of(max_new_tokens, self.config.max_new_tokens)
+        mc = self.model_config
+        check_ids(ids, max_new, vocab=mc.vocab_size, capacity=self.capacity,
+                  draft=self.config.spec_k if self.proposer else 0, max_positions=mc.max_positions)
+        return self._stream(ids, max_new, () if ignore_eos else mc.eos_token_ids)
 
     def _stream(self, ids: list[int], max_new: int, eos: tuple[int, ...]) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):
