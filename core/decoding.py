@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tileinfer.errors import PluginError
+from tileinfer.errors import NumericsError, PluginError
 from tileinfer.interfaces import Draft, KVStore, Proposer, Sample, Sampler, Step
 from tileinfer.model import Qwen3Model
-from tileinfer.speculative import verify_greedy, verify_sampled
+from tileinfer.speculative import finite_or, verify_greedy, verify_sampled
 from tileinfer.steps import StepRunner
 
 
@@ -58,13 +58,13 @@ def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
 def prefill(model: Qwen3Model, kv: KVStore, sampler: Sampler, ids: Sequence[int], capture: Collection[int] = (),
             who: str = "sampler") -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Run the prompt ``ids`` as one step from position 0 (the KV store empty) and sample the token
-    after it. Returns that token as a ``[1]`` int64 tensor on the device, not read by the host, and
-    the hidden states of the layers in ``capture``."""
+    after it. Returns that token as a ``[1]`` int64 tensor on the device, not read by the host (-1
+    if the logits are not finite), and the hidden states of the layers in ``capture``."""
     step = Step.at(0, len(ids), model.device)
     kv.reserve(step.end)
     tokens = torch.tensor(list(ids), dtype=torch.int64, device=model.device)
     logits, hidden = model.forward(tokens, step, kv, last_only=True, capture=capture)
-    return checked_sample(sampler, logits, who).tokens, hidden
+    return finite_or(checked_sample(sampler, logits, who).tokens, logits), hidden
 
 
 class HostTokens:
@@ -137,7 +137,7 @@ class Decoder:
     def _sequential(self, ids: list[int], max_new: int, eos: frozenset[int]) -> Iterator[list[int]]:
         capture = self.proposer.hidden_layers if self.proposer else ()
         first, hidden = prefill(self.model, self.kv, self.sampler, ids, capture, self.who)
-        out = [int(first[0])]
+        out = [_finite(int(first[0]), len(ids))]
         self.counters.first_token_time = time.perf_counter()
         if self.proposer:
             self.proposer.start(ids + out, hidden)
@@ -145,6 +145,7 @@ class Decoder:
         yield out[:]
         while not done:
             new = self.step(ids + out, max_new - len(out))
+            _finite(min(new), len(ids) + len(out))
             self.counters.steps += 1
             keep, done = _until_stop(new, eos, max_new - len(out))
             out += keep
@@ -161,7 +162,7 @@ class Decoder:
         tokens = torch.tensor([sequence[-1], *draft.tokens], dtype=torch.int64, device=self.model.device)
         logits, hidden = self.steps.forward(tokens, cached)
         if not draft.tokens:
-            new = [int(self.sampler.sample(logits).tokens[0])]
+            new = [int(finite_or(self.sampler.sample(logits).tokens, logits)[0])]
         elif self.sampler.greedy:
             new = verify_greedy(draft.tokens, logits)
         else:
@@ -194,7 +195,7 @@ class Decoder:
             if host.sent < max_new:  # step t = host.sent, fed with token t - 1
                 token = self.device_step(token, len(ids) + host.sent - 1)
                 host.send(host.sent, token)
-            new = host.receive(host.received)
+            new = _finite(host.receive(host.received), len(ids) + host.received - 1)
             if host.received == 1:
                 self.counters.first_token_time = time.perf_counter()
             else:
@@ -210,7 +211,15 @@ class Decoder:
         ``cached``; returns the token it samples, on the device. No host sync."""
         self.kv.reserve(cached + 1)
         logits, _ = self.steps.forward(token, cached)
-        return self.sampler.sample(logits).tokens
+        return finite_or(self.sampler.sample(logits).tokens, logits)
+
+
+def _finite(token: int, position: int) -> int:
+    """``token``, or NumericsError when the step found its logits not finite (token -1)."""
+    if token < 0:
+        raise NumericsError(f"the logits for position {position} are not finite (NaN or inf): the model's "
+                            "weights or activations overflow; nothing was sampled from them")
+    return token
 
 
 def _until_stop(tokens: list[int], eos: frozenset[int], remaining: int) -> tuple[list[int], bool]:

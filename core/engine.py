@@ -27,6 +27,7 @@ from tileinfer.decoding import Decoder
 from tileinfer.errors import ConfigError, UsageError
 from tileinfer.interfaces import KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams
 from tileinfer.loading import CheckpointReader
+from tileinfer.memory import check_fits
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
 from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
@@ -111,6 +112,7 @@ class Engine:
                    for kind in ("linear", "attention", "kv_store", "sampler")}
         backend = Backend(self.registry.get("linear", config.linear), self.registry.get("attention", config.attention),
                           config.quantize, options["linear"], options["attention"])
+        self._size_pool()
         reader = CheckpointReader(folder, self.model_config, self.device, self.dtype)
         self.model = Qwen3Model.build(self.model_config, reader.tensor, backend, progress=progress)
         reader.close()
@@ -126,11 +128,24 @@ class Engine:
         self.decoder = self._build_decoder()
         self._busy = threading.Lock()
 
-    def _build_kv(self, options: dict) -> KVStore:
+    def _size_pool(self) -> None:
+        """The pool's positions: ``kv_capacity``, at most the model's context, in whole pages; a
+        ConfigError before anything is allocated when a page is larger than that or the weights and
+        the pool do not fit in the free memory."""
         mc, config = self.model_config, self.config
         self.capacity = min(config.kv_capacity, mc.max_positions)
-        geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_page_size,
-                              -(-self.capacity // config.kv_page_size), self.dtype)
+        if config.kv_page_size > self.capacity:
+            raise ConfigError(f"kv_page_size ({config.kv_page_size}) is larger than the KV capacity ({self.capacity} "
+                              "positions): lower kv_page_size")
+        self.num_pages = -(-self.capacity // config.kv_page_size)
+        storage = self.registry.get("kv_store", config.kv_store).storage
+        check_fits(mc, device=self.device, dtype=self.dtype, quantize=config.quantize,
+                   positions=self.num_pages * config.kv_page_size, storage=storage)
+
+    def _build_kv(self, options: dict) -> KVStore:
+        mc, config = self.model_config, self.config
+        geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_page_size, self.num_pages,
+                              self.dtype)
         key_norms = [layer.attention.k_norm_weight for layer in self.model.layers]
         return self.registry.get("kv_store", config.kv_store)(geometry, self.device, key_norm_weights=key_norms,
                                                               options=options)

@@ -29,3 +29,7 @@ class CheckpointError(TileinferError):
 
 class PluginError(TileinferError):
     """A plugin that fails to load, or two plugins registering the same name for one interface."""
+
+
+class NumericsError(TileinferError):
+    """A step whose logits are not finite (NaN or inf): nothing is sampled from them."""

@@ -12,6 +12,7 @@ import numbers
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tileinfer.config import Config
@@ -31,6 +32,10 @@ def _ids_of(prompt: object) -> list[int] | None:
         if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
             raise UsageError(f"a tensor prompt must be 1-D integer token ids, got shape {tuple(prompt.shape)} "
                              f"{prompt.dtype}")
+        return prompt.tolist()
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer):
+            raise UsageError(f"an array prompt must be 1-D integer token ids, got shape {prompt.shape} {prompt.dtype}")
         return prompt.tolist()
     if not isinstance(prompt, Sequence):
         raise UsageError(f"the prompt must be a str or a sequence of int token ids, got {type(prompt).__name__}")

@@ -2,7 +2,8 @@
 
 The target ran ``[last, d_1 .. d_k]`` in one step, so row ``i`` of its logits is the distribution
 of the token after ``d_i`` (row 0: after ``last``). Both rules return the tokens to commit: the
-accepted drafts and one more token from the target (a correction or the bonus).
+accepted drafts and one more token from the target (a correction or the bonus), which is -1 when
+the logits it would come from are not finite.
 """
 
 from __future__ import annotations
@@ -12,9 +13,16 @@ import torch
 from tileinfer.interfaces import Sampler
 
 
+def finite_or(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``tokens`` (one per row of ``logits``), -1 where the row's logits are not all finite: on
+    the device, so that the check costs no host sync of its own."""
+    return torch.where(torch.isfinite(logits).all(-1), tokens, -1)
+
+
 def verify_greedy(draft: list[int], logits: torch.Tensor) -> list[int]:
-    """Keep the longest prefix of ``draft`` equal to the target's argmax, then the target's token."""
-    target = logits.argmax(-1).tolist()
+    """Keep the longest prefix of ``draft`` equal to the target's argmax, then the target's token
+    (-1 for a row whose logits are not finite: it rejects any draft and the decoder stops there)."""
+    target = finite_or(logits.argmax(-1), logits).tolist()
     accepted = 0
     while accepted < len(draft) and draft[accepted] == target[accepted]:
         accepted += 1
@@ -29,6 +37,8 @@ def verify_sampled(draft: list[int], draft_probs: torch.Tensor | None, logits: t
     ``q`` (``[k, V]``); None means the drafts were chosen deterministically (one-hot ``q``).
     The committed tokens are distributed exactly as tokens sampled from the target one by one."""
     k = len(draft)
+    if not bool(torch.isfinite(logits).all()):
+        return [-1]
     p = sampler.probs(logits)  # [k + 1, V]
     tokens = torch.tensor(draft, device=p.device)
     if draft_probs is None:

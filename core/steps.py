@@ -1,7 +1,9 @@
 """How decode and verify steps run: eagerly, or from CUDA graphs captured once per token count.
 
 Both runners have ``forward(tokens, start) -> (logits, hidden)``; the engine picks one when it is
-built (config key ``cuda_graphs``).
+built (config key ``cuda_graphs``). ``tokens`` are ``[T]`` int64 on the device; a negative id (the
+mark of a step whose logits were not finite, fed on by pipelined decoding before the host reads
+it) is fed as 0, and that step's result is never used.
 
 A step of ``T <= 16`` tokens reads its token ids and positions from static device buffers that
 are updated in place before each replay, and every implementation takes the step's positions
@@ -35,7 +37,7 @@ class EagerSteps:
 
     def forward(self, tokens: torch.Tensor, start: int) -> Outputs:
         step = Step.at(start, tokens.numel(), self.model.device)
-        return self.model.forward(tokens, step, self.kv, capture=self.capture_layers)
+        return self.model.forward(tokens.clamp(min=0), step, self.kv, capture=self.capture_layers)
 
     def report(self) -> str:
         return "eager steps"
@@ -76,7 +78,7 @@ class GraphedSteps:
         The returned tensors are the graph's static outputs: read them before the next call.
         """
         t = tokens.numel()
-        self.tokens[:t].copy_(tokens, non_blocking=True)
+        torch.clamp(tokens, min=0, out=self.tokens[:t])
         torch.add(self._offsets[:t], start, out=self.positions[:t])
         if t not in self.graphs:
             self._record(t, start)

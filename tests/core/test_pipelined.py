@@ -150,7 +150,10 @@ def test_the_host_enqueues_the_next_step_before_it_reads_a_token(folder):
                 expected.append(("step", len(PROMPT) + i))
             expected.append(("read", i))
         assert events == expected
-        assert len(fed) == len(sampled) - 1 and all(a is b for a, b in zip(fed, sampled))  # prefill's, then each step's
+        # Each step is fed the previous step's sampled token as a device tensor (prefill's, then each
+        # step's), never a value read by the host.
+        assert len(fed) == len(sampled) - 1
+        assert all(a.device == b.device and torch.equal(a, b) for a, b in zip(fed, sampled))
 
 
 def test_draw_is_torch_multinomial_without_a_sync():
