@@ -113,10 +113,11 @@ class Engine:
         backend = Backend(self.registry.get("linear", config.linear), self.registry.get("attention", config.attention),
                           config.quantize, options["linear"], options["attention"])
         self._size_pool()
-        reader = CheckpointReader(folder, self.model_config, self.device, self.dtype)
-        self.model = Qwen3Model.build(self.model_config, reader.tensor, backend, progress=progress)
-        reader.close()
         self.tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
+        reader = CheckpointReader(folder, self.model_config, self.device, self.dtype)
+        self.model = Qwen3Model.build(self.model_config, reader.tensor, backend, progress=progress,
+                                      positions=self.num_pages * config.kv_page_size)
+        reader.close()
         self.kv = self._build_kv(options["kv_store"])
         params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
         self.sampler = self.registry.get("sampler", config.sampler)(params, self.device, options=options["sampler"])

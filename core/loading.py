@@ -4,13 +4,15 @@ straight to the target device, each checked against the shape config.json implie
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import math
+import struct
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from tileinfer.errors import CheckpointError
-from tileinfer.model_config import ModelConfig
+from tileinfer.model_config import ModelConfig, one_line, read_json
 
 INDEX = "model.safetensors.index.json"
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -45,11 +47,7 @@ class CheckpointReader:
         index = self.folder / INDEX
         single = self.folder / "model.safetensors"
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, UnicodeDecodeError, TypeError) as exc:
-                raise CheckpointError(f"{index}: not a safetensors index ({exc})") from None
-            where = {name: self.folder / file for name, file in weight_map.items()}
+            where = {name: self.folder / file for name, file in _weight_map(index).items()}
             for file in sorted(set(where.values())):
                 if not file.is_file():
                     raise CheckpointError(f"{index}: lists shard {file.name}, which is missing")
@@ -63,21 +61,32 @@ class CheckpointReader:
             try:
                 self._handles[file] = safe_open(str(file), framework="pt", device=_device_name(self.device))
             except (SafetensorError, OSError, ValueError) as exc:
-                raise CheckpointError(f"{file}: cannot read safetensors: {exc}") from None
+                raise CheckpointError(f"{file}: cannot read safetensors: {_diagnose(file) or one_line(exc)}") from None
         return self._handles[file]
 
     def tensor(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` on the device in the model dtype; CheckpointError naming the file and
+        tensor if it cannot be read, has another shape than config.json implies, is not floating
+        point, or holds a NaN or an infinity (in the checkpoint, or once cast to the model dtype)."""
         file = self.where[name]
         try:
             t = self._open(file).get_tensor(name)
-        except (SafetensorError, OSError, ValueError, KeyError) as exc:
-            raise CheckpointError(f"{file}: cannot read tensor {name}: {exc}") from None
+        except (SafetensorError, OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise CheckpointError(f"{file}: cannot read tensor {name}: {one_line(exc)}") from None
         if tuple(t.shape) != self.expected[name]:
             raise CheckpointError(f"{file}: tensor {name} has shape {tuple(t.shape)}, "
                                   f"config.json implies {self.expected[name]}")
         if not t.is_floating_point():
             raise CheckpointError(f"{file}: tensor {name} has dtype {t.dtype}, expected a floating-point weight")
-        return t.to(self.dtype)
+        out = t.to(self.dtype)
+        # One reduction per tensor (one host sync on a GPU: negligible at load). A NaN or inf in
+        # any weight makes every logit NaN, and sampling would then end at once as if at EOS.
+        if not bool(torch.isfinite(out).all()):
+            if t.dtype != out.dtype and bool(torch.isfinite(t.to(torch.float32)).all()):
+                raise CheckpointError(f"{file}: tensor {name} overflows {str(self.dtype).removeprefix('torch.')} "
+                                      f"(its {str(t.dtype).removeprefix('torch.')} values are too large)")
+            raise CheckpointError(f"{file}: tensor {name} holds non-finite values (NaN or inf)")
+        return out
 
     def close(self) -> None:
         self._handles.clear()
@@ -88,3 +97,59 @@ def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
     return device.type
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of a safetensors index: tensor name -> shard file name in the folder."""
+    raw = read_json(index)
+    if not isinstance(raw, dict) or "weight_map" not in raw:
+        raise CheckpointError(f"{index}: not a safetensors index (no weight_map)")
+    weight_map = raw["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: weight_map must be a JSON object (tensor name -> file name), "
+                              f"got {type(weight_map).__name__}")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or not file:
+            raise CheckpointError(f"{index}: weight_map[{name!r}] must be a file name, got {json.dumps(file)[:60]}")
+        parts = PurePosixPath(file.replace("\\", "/")).parts
+        if file.startswith(("/", "\\")) or ".." in parts or (parts and ":" in parts[0]):
+            raise CheckpointError(f"{index}: weight_map[{name!r}] names {file!r}, outside the checkpoint folder")
+    return weight_map
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+                "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def _diagnose(file: Path) -> str | None:
+    """Why safetensors refused ``file``, naming the tensor where its header is readable: data
+    cut short (a truncated download) or offsets that do not match the dtype and shape."""
+    try:
+        with open(file, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{len(head)} bytes, too short for a header"
+            size = struct.unpack("<Q", head)[0]
+            total = file.stat().st_size
+            if size > total - 8:
+                return f"its header claims {size} bytes, the file has {total} (truncated or not safetensors)"
+            header = json.loads(f.read(size))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    data = total - 8 - size
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, dict):
+            continue
+        try:
+            start, end = (int(x) for x in info["data_offsets"])
+            need = math.prod(int(d) for d in info["shape"]) * _DTYPE_BYTES.get(info["dtype"], 0)
+        except (KeyError, TypeError, ValueError):
+            return f"corrupt header: tensor {name} has no valid dtype, shape and data_offsets"
+        if end > data:
+            return f"truncated: tensor {name} needs bytes [{start}, {end}) of data, the file holds {data}"
+        if need and end - start != need:
+            return (f"corrupt header: tensor {name} ({info['dtype']} {info['shape']}) spans {end - start} bytes, "
+                    f"not {need}")
+    return None

@@ -70,12 +70,20 @@ class Qwen3Model:
 
     @classmethod
     def build(cls, config: ModelConfig, tensor: Callable[[str], torch.Tensor], backend: Backend,
-              *, progress: bool = True) -> "Qwen3Model":
+              *, progress: bool = True, positions: int | None = None) -> "Qwen3Model":
         """Build from ``tensor(name)``, which returns a checkpoint tensor (Hugging Face name) on the
         target device in the model dtype, shape already checked. q/k/v and gate/up are fused here,
-        and each Linear is built (and may quantize) as soon as its weight is loaded."""
+        and each Linear is built (and may quantize) as soon as its weight is loaded.
+
+        ``positions``: how many positions the run can reach (its KV capacity); the RoPE tables get
+        ``min(positions, config.max_positions)`` rows (cos and sin: 4 * head_dim bytes a position;
+        sized by max_position_embeddings alone, 1e9 positions would take 512 GB at head_dim 128).
+        Default: config.max_positions rows."""
+        if positions is not None and (isinstance(positions, bool) or not isinstance(positions, int) or positions < 1):
+            raise ValueError(f"positions must be a positive integer, got {positions!r}")
+        rows = config.max_positions if positions is None else min(positions, config.max_positions)
         embed = tensor("model.embed_tokens.weight")
-        rope = rope_table(config.head_dim, config.rope_theta, config.max_positions, embed.device)
+        rope = rope_table(config.head_dim, config.rope_theta, rows, embed.device)
         spec = config.attention
 
         def linear(weight: torch.Tensor, **kw) -> Linear:

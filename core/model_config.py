@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tileinfer.errors import CheckpointError
@@ -56,75 +57,203 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: Path) -> "ModelConfig":
+        """config.json of ``folder``, with the EOS ids of generation_config.json where it has them."""
         path = folder / "config.json"
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint folder?)")
-        try:
-            raw = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
+        raw = read_json(path)
         config = cls.from_dict(raw, str(path))
-        eos = _eos_ids(folder / "generation_config.json") or _as_tuple(raw.get("eos_token_id"))
-        return cls(**{**config.__dict__, "eos_token_ids": eos})
+        generation = folder / "generation_config.json"
+        eos = _eos_ids(read_json(generation), str(generation), config.vocab_size) if generation.is_file() else ()
+        return replace(config, eos_token_ids=eos or config.eos_token_ids)
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
-        arch = raw.get("architectures") or []
-        if raw.get("model_type") != "qwen3" or not any(a in SUPPORTED_ARCHITECTURES for a in arch):
+        """Check every key tileinfer reads (type and range) and build the config; CheckpointError
+        naming ``source`` and the key otherwise. Keys it does not read are ignored."""
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{source}: expected a JSON object, got {_kind(raw)}")
+        arch = raw.get("architectures")
+        if arch is not None and not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
+            raise CheckpointError(f"{source}: architectures must be a list of strings, got {_show(arch)}")
+        if raw.get("model_type") != "qwen3" or not any(a in SUPPORTED_ARCHITECTURES for a in arch or []):
             raise CheckpointError(
                 f"{source}: unsupported architecture {arch or raw.get('model_type')!r}; "
                 f"tileinfer runs dense Qwen3 models ({', '.join(SUPPORTED_ARCHITECTURES)}, model_type qwen3)"
             )
-
-        def need(key):
-            if key not in raw:
-                raise CheckpointError(f"{source}: missing key {key!r}")
-            return raw[key]
-
-        rope = raw.get("rope_parameters") or {}
-        scaling = raw.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-        if rope_type != "default":
-            raise CheckpointError(f"{source}: rope type {rope_type!r} is not supported (only the default RoPE)")
-        if raw.get("attention_bias"):
+        key = _Keys(raw, source)
+        rope = key.mapping("rope_parameters")
+        scaling = key.mapping("rope_scaling")
+        for name, section, field_ in (("rope_parameters", rope, "rope_type"), ("rope_scaling", scaling, "rope_type"),
+                                      ("rope_scaling", scaling, "type")):
+            rope_type = section.get(field_)
+            if rope_type is not None and not isinstance(rope_type, str):
+                raise CheckpointError(f"{source}: {name}.{field_} must be a string, got {_show(rope_type)}")
+            if rope_type not in (None, "default"):
+                raise CheckpointError(f"{source}: rope type {rope_type!r} is not supported (only the default RoPE)")
+        if key.flag("attention_bias", False):
             raise CheckpointError(f"{source}: attention_bias=true is not supported (Qwen3 has no biases)")
-        if raw.get("use_sliding_window"):
+        if key.flag("use_sliding_window", False):
             raise CheckpointError(f"{source}: use_sliding_window=true is not supported")
-        if raw.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"{source}: hidden_act {raw['hidden_act']!r} is not supported (only silu)")
-        heads = need("num_attention_heads")
-        kv_heads = raw.get("num_key_value_heads") or heads
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise CheckpointError(f"{source}: hidden_act {act!r} is not supported (only silu)")
+        layer_types = raw.get("layer_types")
+        if layer_types is not None:
+            if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+                raise CheckpointError(f"{source}: layer_types must be a list of strings, got {_show(layer_types)}")
+            other = [t for t in layer_types if t != "full_attention"]
+            if other:
+                raise CheckpointError(f"{source}: layer_types {other[0]!r} is not supported (only full_attention)")
+
+        heads = key.integer("num_attention_heads")
+        kv_heads = key.integer("num_key_value_heads", default=heads)
         if heads % kv_heads:
             raise CheckpointError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-        head_dim = raw.get("head_dim") or need("hidden_size") // heads
+        hidden = key.integer("hidden_size")
+        if raw.get("head_dim") is None and hidden % heads:
+            raise CheckpointError(f"{source}: head_dim is missing and hidden_size {hidden} is not a multiple of "
+                                  f"num_attention_heads {heads}")
+        head_dim = key.integer("head_dim", default=hidden // heads)
         if head_dim % 2:
             raise CheckpointError(f"{source}: head_dim {head_dim} must be even for RoPE")
+        theta = key.number("rope_theta", 10000.0, low=1.0)  # older transformers' key, checked even if not used
+        if rope.get("rope_theta") is not None:  # newer transformers' (which wins, as there)
+            theta = _number(rope["rope_theta"], "rope_parameters.rope_theta", source, low=1.0)
+        vocab = key.integer("vocab_size")
+        eos = _eos_ids(raw, source, vocab)
         return cls(
-            vocab_size=need("vocab_size"),
-            hidden_size=need("hidden_size"),
-            intermediate_size=need("intermediate_size"),
-            num_layers=need("num_hidden_layers"),
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=key.integer("intermediate_size"),
+            num_layers=key.integer("num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
-            max_positions=int(raw.get("max_position_embeddings", 32768)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            eos_token_ids=_as_tuple(raw.get("eos_token_id")),
+            rms_norm_eps=key.number("rms_norm_eps", 1e-6, low=0.0),
+            rope_theta=theta,
+            max_positions=key.integer("max_position_embeddings", default=32768),
+            tie_word_embeddings=key.flag("tie_word_embeddings", False),
+            eos_token_ids=eos,
         )
 
 
-def _as_tuple(value) -> tuple[int, ...]:
+# Upper bounds of the integer keys: far above every published Qwen3 checkpoint (Qwen3-235B-A22B:
+# hidden 4096, 94 layers, 64 heads; vocab 151936; at most 262144 positions in the 2507 releases),
+# low enough that sizes derived from them stay far from int64 overflow. Positions are bounded by
+# int32 indexing (2**31); what a run allocates for them is sized by its KV capacity, not by this.
+LIMITS = {
+    "vocab_size": 2**24,
+    "hidden_size": 2**16,
+    "intermediate_size": 2**20,
+    "num_hidden_layers": 2**12,
+    "num_attention_heads": 2**12,
+    "num_key_value_heads": 2**12,
+    "head_dim": 2**12,
+    "max_position_embeddings": 2**31,
+}
+
+
+class _Keys:
+    """Typed, range-checked reads of config.json keys; CheckpointError naming the file and key."""
+
+    def __init__(self, raw: dict, source: str) -> None:
+        self.raw, self.source = raw, source
+
+    def integer(self, key: str, *, default: int | None = None) -> int:
+        value = self.raw.get(key)
+        if value is None:
+            if default is None:
+                raise CheckpointError(f"{self.source}: missing key {key!r}")
+            return default
+        if not _is_int(value) or value <= 0:
+            raise CheckpointError(f"{self.source}: {key} must be a positive integer, got {_show(value)}")
+        if value > LIMITS[key]:
+            raise CheckpointError(f"{self.source}: {key} {value} is beyond tileinfer's limit ({LIMITS[key]}; "
+                                  f"a corrupt config.json?)")
+        return value
+
+    def number(self, key: str, default: float, *, low: float) -> float:
+        value = self.raw.get(key)
+        return default if value is None else _number(value, key, self.source, low=low)
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{self.source}: {key} must be true or false, got {_show(value)}")
+        return value
+
+    def mapping(self, key: str) -> dict:
+        value = self.raw.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{self.source}: {key} must be a JSON object or null, got {_show(value)}")
+        return value
+
+
+def _number(value, key: str, source: str, *, low: float) -> float:
+    """A finite number above ``low`` (rms_norm_eps: > 0; rope_theta: >= 1, since below 1 the RoPE
+    frequencies grow with the channel and overflow float32 angles)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        number = float(value) if ok else math.nan
+    except OverflowError:
+        number = math.inf
+    if not (math.isfinite(number) and (number >= low if low else number > low)):
+        need = "a positive finite number" if not low else f"a finite number >= {low:g}"
+        raise CheckpointError(f"{source}: {key} must be {need}, got {_show(value)}")
+    return number
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _eos_ids(raw, source: str, vocab: int) -> tuple[int, ...]:
+    """eos_token_id of config.json or generation_config.json: null, an id or a list of ids, each in
+    the vocabulary (an id outside it would never be sampled: generation would never stop)."""
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{source}: expected a JSON object, got {_kind(raw)}")
+    value = raw.get("eos_token_id")
     if value is None:
         return ()
-    return tuple(value) if isinstance(value, list) else (int(value),)
+    ids = value if isinstance(value, list) else [value]
+    if not all(_is_int(i) for i in ids):
+        raise CheckpointError(f"{source}: eos_token_id must be a token id or a list of token ids, got {_show(value)}")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise CheckpointError(f"{source}: eos_token_id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return tuple(ids)
 
 
-def _eos_ids(path: Path) -> tuple[int, ...]:
-    if not path.is_file():
-        return ()
+def read_json(path: Path):
+    """The JSON value of ``path``; CheckpointError naming the file if it cannot be read or parsed."""
     try:
-        return _as_tuple(json.loads(path.read_text()).get("eos_token_id"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON: {exc}") from None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise CheckpointError(f"{path}: not valid JSON: {one_line(exc)}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (library errors sometimes span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _show(value) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # not JSON (from_dict called from Python), an int too long to print
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= 60 else text[:57] + "..."

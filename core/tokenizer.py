@@ -12,6 +12,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from tileinfer.errors import CheckpointError, UsageError
+from tileinfer.model_config import one_line, read_json
 
 
 class Tokenizer:
@@ -22,25 +23,27 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: Path) -> "Tokenizer":
+        """tokenizer.json, and the chat template and special tokens of tokenizer_config.json (or
+        chat_template.jinja); CheckpointError naming the file (and key) if one is unreadable."""
         path = folder / "tokenizer.json"
         try:
             tok = HFTokenizer.from_file(str(path))
-        except Exception as exc:
-            raise CheckpointError(f"{path}: cannot load tokenizer: {exc}") from None
+        except Exception as exc:  # the tokenizers library raises a bare Exception
+            raise CheckpointError(f"{path}: cannot load tokenizer: {one_line(exc)}") from None
         config: dict = {}
         config_path = folder / "tokenizer_config.json"
         if config_path.is_file():
-            try:
-                config = json.loads(config_path.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise CheckpointError(f"{config_path}: not valid JSON: {exc}") from None
-        template = config.get("chat_template")
-        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+            config = read_json(config_path)
+            if not isinstance(config, dict):
+                raise CheckpointError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
+        template = _chat_template(config.get("chat_template"), config_path)
         jinja_file = folder / "chat_template.jinja"
         if template is None and jinja_file.is_file():
-            template = jinja_file.read_text()
-        special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
+            try:
+                template = jinja_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise CheckpointError(f"{jinja_file}: cannot read: {one_line(exc)}") from None
+        special = {k: _token_text(config.get(k), k, config_path) for k in ("bos_token", "eos_token")}
         return cls(tok, template, special)
 
     @property
@@ -92,10 +95,26 @@ class StreamDecoder:
         return piece
 
 
-def _token_text(value) -> str:
+def _chat_template(value, source: Path) -> str | None:
+    """chat_template of tokenizer_config.json: a string, or a list of named templates (the one named
+    ``default`` is used), or absent."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                       and isinstance(t.get("template"), str) for t in value):
+        return next((t["template"] for t in value if t["name"] == "default"), None)
+    raise CheckpointError(f"{source}: chat_template must be a string or a list of {{\"name\", \"template\"}} "
+                          f"objects, got {type(value).__name__}")
+
+
+def _token_text(value, key: str, source: Path) -> str:
+    """bos_token / eos_token: a string, an AddedToken serialized as a dict, or null."""
     if isinstance(value, dict):  # AddedToken serialized as a dict
-        return value.get("content", "")
-    return value or ""
+        value = value.get("content", "")
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise CheckpointError(f"{source}: {key} must be a string or an object with a string content, "
+                          f"got {type(value).__name__}")
 
 
 def _raise_template_error(message: str):
