@@ -1,18 +1,33 @@
 """The ``tileinfer`` command: generate, plugins, config.
 
 Errors print one line on stderr starting with ``error:`` and exit 2 (usage and config) or 1
-(anything else); ``--debug`` shows the traceback instead.
+(anything else); ``--debug`` shows the traceback instead. An error is always the first line on
+stderr: the notices the engine logs while it is built (``tileinfer.notices``, e.g. a setting
+with no effect on a CPU) are held back until it was built, then printed as ``notice: ...``
+lines; ``--quiet`` drops them.
+
+When the reader of standard output goes away (``tileinfer plugins | head -1``), the command
+stops quietly with exit status 141, as a Unix tool killed by SIGPIPE shows in the shell
+(128 + 13; only ``set -o pipefail`` makes it the pipeline's status), and prints nothing more.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import logging
+import os
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Sequence
 
 from tileinfer.errors import TileinferError, UsageError
+from tileinfer.notices import LOGGER
+
+BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,15 +43,24 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="config overrides, e.g. device=cuda linear=reference options.triton.pdl=false")
 
 
+def _global(parser: argparse.ArgumentParser, main: bool) -> None:
+    """--debug and --quiet, before or after the command (the command's copies leave the value the
+    main parser set when they are not given)."""
+    hide = {} if main else {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
+    parser.add_argument("--debug", action="store_true", **{"help": "show tracebacks on errors", **hide})
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        **{"help": "print no notices (settings with no effect here, choices made for you)", **hide})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tileinfer", description="Qwen3 inference composed from plugins by a config.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    _global(parser, main=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate text from a prompt",
                          description="Generate from a prompt with the model and implementations the config names.")
-    gen.add_argument("--model", metavar="DIR", help="Hugging Face Qwen3 checkpoint folder (config key model; default: the shipped "
-                     "models/target once it is built)")
+    gen.add_argument("--model", metavar="DIR", help="Hugging Face Qwen3 checkpoint folder, taken verbatim (config key "
+                     "model; default: the shipped models/target)")
     source = gen.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", help="prompt text ('-' reads standard input)")
     source.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, e.g. 1,2,3")
@@ -44,55 +68,158 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate (config key max_new_tokens)")
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (token_ids, text, stats) and nothing else on stdout")
-    gen.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _global(gen, main=False)
     _common(gen)
 
     plugins = sub.add_parser("plugins", help="list every registered implementation per interface, with its options")
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
-    plugins.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _global(plugins, main=False)
 
     config = sub.add_parser("config", help="print the resolved config as YAML (auto values resolved, options "
                             "filled in, checked as generate checks it)")
-    config.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    _global(config, main=False)
     _common(config)
     return parser
+
+
+class _Notices(logging.Handler):
+    """Prints the notices logged to ``tileinfer`` as ``notice: ...`` lines on stderr: held back
+    until ``show_held()`` (the engine was built), dropped with ``quiet`` or after an error."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.held: list[str] | None = []
+        self.quiet = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.quiet:
+            return
+        if self.held is not None:
+            self.held.append(record.getMessage())
+        else:
+            print(f"notice: {record.getMessage()}", file=sys.stderr, flush=True)
+
+    def show_held(self) -> None:
+        held, self.held = self.held or [], None
+        for message in held:
+            self.emit(logging.makeLogRecord({"msg": message, "levelno": logging.WARNING}))
+
+    def discard_held(self) -> None:
+        self.held = []
+
+
+@contextmanager
+def _notices() -> Iterator[_Notices]:
+    """The CLI's handler on the ``tileinfer`` logger for one ``main`` call, alone (no propagation
+    to handlers a host program configured)."""
+    handler = _Notices()
+    saved = LOGGER.level, LOGGER.propagate
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.WARNING)
+    LOGGER.propagate = False
+    try:
+        yield handler
+    finally:
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(saved[0])
+        LOGGER.propagate = saved[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    with _notices() as notices:
+        try:
+            args = _parse(argv)
+            notices.quiet = args.quiet
+            if args.command is None:
+                build_parser().print_help(sys.stderr)
+                return 2
+            status = {"generate": _generate, "plugins": _plugins, "config": _config}[args.command](args, notices)
+            sys.stdout.flush()  # here, so that a reader gone away is seen here and not at exit
+            notices.show_held()
+            return status
+        except BrokenPipeError:
+            return _broken_pipe()
+        except KeyboardInterrupt:
+            notices.discard_held()
+            _report("error: interrupted")
+            return 130
+        except TileinferError as exc:
+            notices.discard_held()
+            if debug:
+                traceback.print_exc()
+            _report(f"error: {exc}".replace("\r", "\\r").replace("\n", "\\n"))  # one line, whatever a value holds
+            return exc.exit_status
+        except Exception as exc:  # noqa: BLE001 - the CLI reports every failure as one line
+            notices.discard_held()
+            if debug:
+                traceback.print_exc()
+            _report(f"error: {type(exc).__name__}: {exc}".splitlines()[0])
+            return 1
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments, with ``KEY=VALUE`` overrides anywhere among the options (argparse takes them
+    only in one run: ``generate device=cpu --model DIR seed=3`` would leave ``seed=3`` over)."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = [item for item in rest if not (hasattr(args, "overrides") and "=" in item and not item.startswith("-"))]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
+    return args
+
+
+def _report(line: str) -> None:
     try:
-        args = build_parser().parse_args(argv)
-        if args.command is None:
-            build_parser().print_help(sys.stderr)
-            return 2
-        return {"generate": _generate, "plugins": _plugins, "config": _config}[args.command](args)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    except TileinferError as exc:
-        if debug:
-            traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_status
-    except Exception as exc:  # noqa: BLE001 - the CLI reports every failure as one line
-        if debug:
-            traceback.print_exc()
-        print(f"error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
-        return 1
+        print(line, file=sys.stderr)
+    except BrokenPipeError:  # stderr's reader is gone too: nothing left to tell
+        pass
 
 
-def _load(args: argparse.Namespace, extra: Sequence[str] = ()):
+def _broken_pipe() -> int:
+    """Standard output's reader went away: stop quietly. As Python's documentation recommends
+    (signal module, "Note on SIGPIPE"), point stdout at /dev/null so that the interpreter's flush
+    at exit does not fail again on what is still buffered."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):  # stdout replaced, e.g. by a test
+        pass
+    return BROKEN_PIPE_STATUS
+
+
+def _load(args: argparse.Namespace, sources: Sequence = (), extra: Sequence[str] = ()):
     from tileinfer.config import load_config
 
-    return load_config(args.config, [*args.overrides, *extra])
+    return load_config([*args.config, *sources], [*args.overrides, *extra])
 
 
-def _generate(args: argparse.Namespace) -> int:
-    extra = [f"model={args.model}"] if args.model else []
-    if args.max_new_tokens is not None:
-        extra.append(f"max_new_tokens={args.max_new_tokens}")
-    config = _load(args, extra)
+def _read_stdin() -> str:
+    """Standard input as text, decoded strictly as UTF-8 (a UsageError naming the first bad byte)."""
+    if sys.stdin is None:  # started with standard input closed
+        raise UsageError("--prompt - reads standard input, which is closed")
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"standard input is not valid UTF-8 (byte {data[exc.start]:#04x} at offset "
+                         f"{exc.start})") from None
+
+
+def _generate(args: argparse.Namespace, notices: _Notices) -> int:
+    sources = []
+    if args.model is not None:
+        if any(item.partition("=")[0] == "model" for item in args.overrides):
+            raise UsageError("the model is given twice: use --model DIR or model=DIR, not both")
+        sources.append({"model": args.model})  # a path, verbatim: never read as YAML
+    extra = [f"max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens is not None else []
+    config = _load(args, sources, extra)
     if args.prompt is None and args.prompt_ids is None:
         raise UsageError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
     if args.prompt_ids is not None:
@@ -103,30 +230,39 @@ def _generate(args: argparse.Namespace) -> int:
         if args.chat:
             raise UsageError("--chat needs a text prompt (--prompt), not token ids")
     else:
-        prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+        prompt = _read_stdin() if args.prompt == "-" else args.prompt
 
-    from tileinfer.engine import Engine
+    from tileinfer.config import resolve_config
+    from tileinfer.engine import Engine, model_folder
+    from tileinfer.prompt import check_prompt
+    from tileinfer.registry import build_registry
 
-    engine = Engine(config)
+    # Everything about the prompt that needs no weights (UTF-8, empty, vocabulary, length) first.
+    registry = build_registry()
+    resolved = resolve_config(config, registry)
+    ids = check_prompt(resolved, model_folder(resolved), prompt, chat=args.chat)
+    engine = Engine(config, registry)
+    notices.show_held()  # after the engine was built: an error is the first line on stderr
     if args.json:
-        result = engine.generate(prompt, chat=args.chat)
+        result = engine.generate(ids)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         return 0
     tokens: list[int] = []
     stats = None
-    for chunk in engine.stream(prompt, chat=args.chat):
+    for chunk in engine.stream(ids):
         tokens += chunk.token_ids
         stats = chunk.stats or stats
         if chunk.text:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     print(",".join(map(str, tokens)) if engine.tokenizer is None else "")
+    sys.stdout.flush()
     print(f"[{stats.new_tokens} tokens, prefill {stats.prefill_ms:.1f} ms, decode {stats.decode_tok_s:.1f} tok/s, "
           f"{stats.tokens_per_step:.2f} tokens/step, {stats.finish_reason}]", file=sys.stderr)
     return 0
 
 
-def _plugins(args: argparse.Namespace) -> int:
+def _plugins(args: argparse.Namespace, notices: _Notices) -> int:
     from tileinfer.hookspecs import KINDS
     from tileinfer.registry import build_registry
 
@@ -168,7 +304,7 @@ def _plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace, notices: _Notices) -> int:
     from tileinfer.config import resolve_config, to_yaml
 
     sys.stdout.write(to_yaml(resolve_config(_load(args))))

@@ -5,20 +5,31 @@ place defaults are written). ``load_config`` merges the layers and checks the va
 registry; ``resolve_config`` then resolves ``auto`` (device, dtype, implementations), validates
 every ``options.<name>`` against the options its implementation declares, and asks each chosen
 implementation whether it can run (``incompatibilities``). Both raise ConfigError listing the
-valid choices or the reasons; the engine and ``tileinfer config`` call the same two functions.
+valid choices or the reasons; the engine and ``tileinfer config`` call the same two functions, so
+``tileinfer config`` accepts exactly what ``generate`` accepts (a prompt aside).
+
+Values are taken literally: ``${...}`` is not interpolated anywhere (a folder may be named
+``${HOME}``), and the model path is never parsed as YAML: ``model=VALUE`` takes VALUE verbatim
+(``model=null`` is a folder named ``null``; only a config file's or a mapping's null means the
+shipped model). Every number is checked for its range (finite floats; ints within int64).
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
+from os import PathLike, fspath
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Union
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, SCMode
 from omegaconf.errors import OmegaConfBaseException
 
 from tileinfer.errors import ConfigError
+from tileinfer.options import INT64_MAX, TYPE_NAMES, format_value
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -75,25 +86,70 @@ def _resolve_source(source: Union[str, Path]) -> Path:
     return path
 
 
+_UNSET = object()
+
+
 def load_config(sources: Iterable[ConfigSource] = (), overrides: Iterable[str] = ()) -> Config:
     """Merge default.yaml, then each source (a YAML path, the name of a shipped config such as
-    ``eager``, or a mapping), then ``KEY=VALUE`` strings."""
-    merged = OmegaConf.structured(Config)
-    layers = [_load_yaml(default_config_path())]
+    ``eager``, or a mapping of keys to Python values, taken as they are), then ``KEY=VALUE``
+    strings (VALUE read as YAML, except ``model=VALUE``: a path, verbatim)."""
+    if isinstance(sources, (str, Path, Mapping)):
+        raise ConfigError(f"sources is a list of YAML paths, shipped config names or mappings, got one "
+                          f"{type(sources).__name__}: wrap it in a list")
+    layers = [_split_model(_load_yaml(default_config_path()))]
     for source in sources:
-        layers.append(_load_yaml(_resolve_source(source)) if isinstance(source, (str, Path)) else OmegaConf.create(source))
+        layers.append(_split_model(_load_yaml(_resolve_source(source))) if isinstance(source, (str, Path))
+                      else _mapping(source))
     layers.append(_parse_overrides(overrides))
-    for layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as exc:
-            raise _config_error(exc) from None
+    model = None
+    merged = OmegaConf.structured(Config)
+    merged.model = None  # the layers' model values are kept out of the merge
     try:
-        config = OmegaConf.to_object(merged)
+        for layer, value in layers:
+            _check_layer(layer)
+            merged = OmegaConf.merge(merged, layer)
+            model = model if value is _UNSET else value
+        # resolve=False: every value literal, ``${...}`` included (no interpolation).
+        values = OmegaConf.to_container(merged, resolve=False, throw_on_missing=True,
+                                        structured_config_mode=SCMode.DICT)
     except OmegaConfBaseException as exc:
         raise _config_error(exc) from None
+    config = Config(**{**values, "model": model})
     _check_values(config)
     return config
+
+
+def _split_model(layer: DictConfig) -> tuple[DictConfig, Any]:
+    """A layer without its ``model`` key, and the raw value of that key (``_UNSET`` when absent):
+    the model path stays out of OmegaConf, which would read ``???`` as a missing value."""
+    raw = OmegaConf.to_container(layer, resolve=False)
+    if "model" not in raw:
+        return layer, _UNSET
+    del layer["model"]
+    return layer, _model_value(raw["model"])
+
+
+def _model_value(value: Any) -> Any:
+    if isinstance(value, PathLike):
+        value = fspath(value)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"model={format_value(value)} is not valid: expected a folder (a string; quote it in a "
+                          "config file)")
+    return value
+
+
+def _mapping(source: object) -> tuple[DictConfig, Any]:
+    if isinstance(source, DictConfig):
+        source = OmegaConf.to_container(source, resolve=False)
+    if not isinstance(source, Mapping):
+        raise ConfigError(f"a config source is a YAML path, the name of a shipped config or a mapping, "
+                          f"got {type(source).__name__}")
+    source = dict(source)
+    model = _model_value(source.pop("model")) if "model" in source else _UNSET
+    try:
+        return OmegaConf.create(source), model
+    except OmegaConfBaseException as exc:
+        raise _config_error(exc) from None
 
 
 def to_yaml(config: Config) -> str:
@@ -112,15 +168,65 @@ def _load_yaml(path: Path) -> DictConfig:
     return loaded
 
 
-def _parse_overrides(overrides: Iterable[str]) -> DictConfig:
-    overrides = list(overrides)
+def _parse_overrides(overrides: Iterable[str]) -> tuple[DictConfig, Any]:
+    """The ``KEY=VALUE`` strings as one layer: VALUE read as YAML (``3``, ``0.5``, ``false``, a
+    string), except ``model``'s, which is a path taken verbatim (a later one wins)."""
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides are a list of KEY=VALUE strings, got the str {overrides!r}")
+    parsed, model = [], _UNSET
     for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError(f"an override is a KEY=VALUE string, got {type(item).__name__} {item!r}")
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} is not KEY=VALUE")
+        key, _, value = item.partition("=")
+        if key == "model":
+            model = value
+            continue
+        try:
+            OmegaConf.from_dotlist([item])
+        except OmegaConfBaseException as exc:
+            raise _config_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - the YAML reader's own errors, e.g. for ``x={``
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"override {item!r}: cannot read the value ({first})") from None
+        parsed.append(item)
     try:
-        return OmegaConf.from_dotlist(overrides)
+        return OmegaConf.from_dotlist(parsed), model
     except OmegaConfBaseException as exc:
         raise _config_error(exc) from None
+
+
+_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "Optional[str]": str}  # Config's annotations
+
+
+def _type_error(key: str, value: Any) -> ConfigError | None:
+    """The error for a value of the wrong type for ``key`` (an int is a float too; a bool is
+    not a number), or None."""
+    kind = _KINDS[next(str(f.type) for f in fields(Config) if f.name == key)]
+    if value is None and key == "model":
+        return None
+    ok = isinstance(value, (int, float) if kind is float else kind)
+    if not ok or kind is not bool and isinstance(value, bool):
+        hint = " (values are literal: ${...} interpolation is not supported)" if "${" in str(value) else ""
+        return ConfigError(f"{key}={format_value(value)} is not valid: expected {TYPE_NAMES[kind]}{hint}")
+    return None
+
+
+def _check_layer(layer: DictConfig) -> None:
+    """The raw values of one layer have their key's type: OmegaConf would convert ``2`` to a flag,
+    ``3.0`` to an int, ``"0.5"`` to a number, ``12`` to a folder name. A ``${...}`` string is let
+    through here (kept literally, it fails ``_check_values`` after the merge, with a hint)."""
+    try:
+        raw = OmegaConf.to_container(layer, resolve=False)
+    except OmegaConfBaseException as exc:
+        raise _config_error(exc) from None
+    names = {f.name for f in fields(Config)} - {"options"}
+    for key, value in raw.items():
+        if key in names and not (isinstance(value, str) and "${" in value):
+            error = _type_error(key, value)
+            if error:
+                raise error
 
 
 def _config_error(exc: OmegaConfBaseException) -> ConfigError:
@@ -132,14 +238,54 @@ def _config_error(exc: OmegaConfBaseException) -> ConfigError:
     return ConfigError(f"config key {key!r}: {message}" if key else f"bad config: {message}")
 
 
+INT_RANGES = {"max_new_tokens": (1, INT64_MAX), "top_k": (0, INT64_MAX), "seed": (0, INT64_MAX),
+              "spec_k": (1, INT64_MAX), "kv_page_size": (1, INT64_MAX), "kv_capacity": (1, INT64_MAX)}
+
+
 def _check_values(config: Config) -> None:
+    """Types (a ``${...}`` left in a number or a flag is not one), choices and ranges: what needs no
+    registry and no checkpoint."""
+    for f in fields(Config):
+        error = _type_error(f.name, getattr(config, f.name)) if f.name != "options" else None
+        if error:
+            raise error
+    if not isinstance(config.options, dict):
+        raise ConfigError(f"options must be a mapping of implementation names to options, got {config.options!r}")
+    if config.model == "":
+        raise ConfigError("model= is empty: give a checkpoint folder")
     for key, valid in (("device", DEVICES), ("dtype", DTYPES), ("quantize", QUANTIZE)):
         value = getattr(config, key)
         if value not in valid:
             raise ConfigError(f"{key}={value} is not valid; choose one of: {', '.join(valid)}")
-    for key in ("max_new_tokens", "spec_k", "kv_page_size", "kv_capacity"):
-        if getattr(config, key) < 1:
-            raise ConfigError(f"{key} must be >= 1, got {getattr(config, key)}")
+    for key, (low, high) in INT_RANGES.items():
+        value = getattr(config, key)
+        if not low <= value <= high:
+            raise ConfigError(f"{key}={value} is not valid: must be an integer in [{low}, {_int_name(high)}]")
+    if config.kv_page_size > config.kv_capacity:  # the engine would reject it (a pool of one page at least)
+        raise ConfigError(f"kv_page_size ({config.kv_page_size}) is larger than kv_capacity ({config.kv_capacity}): "
+                          "lower kv_page_size")
+    check_sampling(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
+
+
+def _int_name(value: int) -> str:
+    return "2**63 - 1" if value == INT64_MAX else str(value)
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int) -> None:
+    """The sampling settings' types and ranges (ConfigError naming the first bad one): the config
+    and ``SamplingParams`` both check with this. Floats must be finite: ``temperature >= 0`` (0:
+    greedy), ``0 < top_p <= 1``, ``0 <= min_p < 1``; ``top_k >= 0`` and a seed in ``[0, 2**63 - 1]``."""
+    for key, value, in_range, rule in (
+        ("temperature", temperature, lambda v: v >= 0, ">= 0"),
+        ("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+        ("min_p", min_p, lambda v: 0 <= v < 1, "in [0, 1)"),
+    ):
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and in_range(value)):
+            raise ConfigError(f"{key}={value} is not valid: must be a finite number {rule}")
+    for key, value in (("top_k", top_k), ("seed", seed)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= value <= INT64_MAX:
+            raise ConfigError(f"{key}={value} is not valid: must be an integer in [0, 2**63 - 1]")
 
 
 def resolve_config(config: Config, registry=None) -> Config:

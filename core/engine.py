@@ -13,7 +13,6 @@ Engine per concurrent user, or serialize the calls.
 from __future__ import annotations
 
 import importlib.resources
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -30,6 +29,7 @@ from tileinfer.loading import CheckpointReader
 from tileinfer.memory import check_fits
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
+from tileinfer.notices import notice
 from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
 from tileinfer.registry import Registry, build_registry
 from tileinfer.resolution import implementation_options, resolve_dtype
@@ -159,12 +159,12 @@ class Engine:
         gpu_only = [key for key in ("cuda_graphs", "pipelined") if getattr(config, key)]
         if gpu_only and not cuda:
             verb = "has" if len(gpu_only) == 1 else "have"
-            print(f"notice: {' and '.join(gpu_only)} {verb} no effect on device {self.device.type} (CUDA graphs "
-                  "and host/GPU overlap need a GPU)", file=sys.stderr)
+            notice(f"{' and '.join(gpu_only)} {verb} no effect on device {self.device.type} (CUDA graphs and "
+                   "host/GPU overlap need a GPU)")
         pipelined = config.pipelined and cuda
         if pipelined and self.proposer:
-            print(f"notice: pipelined does not apply with proposer={config.proposer} (the host needs each verify "
-                  "result before it drafts); decoding sequentially", file=sys.stderr)
+            notice(f"pipelined does not apply with proposer={config.proposer} (the host needs each verify result "
+                   "before it drafts); decoding sequentially")
             pipelined = False
         capture = self.proposer.hidden_layers if self.proposer else ()
         if config.cuda_graphs and cuda:

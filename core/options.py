@@ -8,6 +8,7 @@ values a config gives and fills in the defaults, before any weight is loaded.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,13 +16,15 @@ from typing import Any
 from tileinfer.errors import ConfigError
 
 OPTION_TYPES = (bool, int, float, str)
+INT64_MAX = 2**63 - 1
 TYPE_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 @dataclass(frozen=True)
 class Option:
     """One option: ``type`` is bool, int, float or str; ``choices`` (str options) lists the valid
-    values; ``minimum`` (int and float options) is the smallest valid value."""
+    values; ``minimum`` (int and float options) is the smallest valid value. Floats are finite and
+    ints within int64, always."""
 
     name: str
     type: type
@@ -49,7 +52,12 @@ class Option:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value, ok = float(value), True
         if not ok:
-            raise ConfigError(f"{where}={format_value(value)} is not valid: expected {TYPE_NAMES[kind]}")
+            hint = " (values are literal: ${...} interpolation is not supported)" if "${" in str(value) else ""
+            raise ConfigError(f"{where}={format_value(value)} is not valid: expected {TYPE_NAMES[kind]}{hint}")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{where}={format_value(value)} is not valid: must be a finite number")
+        if kind is int and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise ConfigError(f"{where}={format_value(value)} is not valid: out of the int64 range")
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where}={value} is not valid; choose one of: {', '.join(self.choices)}")
         if self.minimum is not None and not value >= self.minimum:  # also rejects NaN

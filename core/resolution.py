@@ -41,11 +41,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def resolve(config: Config, registry: Registry) -> Config:
     """See ``config.resolve_config``."""
+    from tileinfer.engine import model_folder  # lazily: the engine imports the config
+
+    try:
+        model_folder(config)  # the folder exists (or the shipped model is installed), as generate checks it
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte
+        raise ConfigError(f"model={config.model!r}: not a folder ({exc})") from None
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     _check_option_names(config, registry)
     kv_class = registry.get("kv_store", config.kv_store)
-    base = RunSpec(device=device, dtype=dtype, quantize=config.quantize, kv_storage=kv_class.storage)
+    base = RunSpec(device=device, dtype=dtype, quantize=config.quantize, kv_storage=kv_class.storage,
+                   kv_page_size=config.kv_page_size)
     chosen: dict[str, str] = {}
     for kind in KINDS:
         name = getattr(config, kind)

@@ -15,12 +15,14 @@ from tileinfer.options import Option, check_options
 class RunSpec:
     """What an implementation is told, before any weight loads, to say whether it can run: the
     resolved device and model dtype, the weight quantization, the KV store's page format
-    (``KVStore.storage``), and its own options (validated, defaults filled in)."""
+    (``KVStore.storage``) and page size (``kv_page_size``, positions per page), and its own options
+    (validated, defaults filled in)."""
 
     device: torch.device
     dtype: torch.dtype
     quantize: str = "none"
     kv_storage: str = "dtype"
+    kv_page_size: int = 64
     options: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -9,13 +9,17 @@ from typing import Any
 
 import torch
 
-from tileinfer.errors import ConfigError
+from tileinfer.config import check_sampling
 from tileinfer.interfaces.pluggable import Pluggable
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature = 0`` is greedy; ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` are off."""
+    """``temperature = 0`` is greedy; ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` are off.
+
+    Checked as the config checks them (``config.check_sampling``, a ConfigError naming the value):
+    finite floats, ``temperature >= 0``, ``0 < top_p <= 1``, ``0 <= min_p < 1``, ``top_k >= 0``,
+    a seed in ``[0, 2**63 - 1]``."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -24,14 +28,7 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise ConfigError(f"min_p must be in [0, 1), got {self.min_p}")
+        check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
 
     @property
     def greedy(self) -> bool:

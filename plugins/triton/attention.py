@@ -57,7 +57,12 @@ class TritonAttention(Attention):
 
     @classmethod
     def incompatibilities(cls, run: RunSpec) -> list[str]:
-        return super().incompatibilities(run) + device_reasons("attention", run.device)
+        reasons = super().incompatibilities(run) + device_reasons("attention", run.device)
+        page = run.kv_page_size
+        if run.options["attend"] == "paged" and (page < 16 or page & (page - 1)):
+            reasons.append(f"kv_page_size={page}: its paged kernels take a power of two >= 16 (or set "
+                           "options.triton.attend=dense)")
+        return reasons
 
     def __init__(self, spec, *, layer, q_norm_weight, k_norm_weight, rope, options=None) -> None:
         super().__init__(spec, layer=layer, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, rope=rope,

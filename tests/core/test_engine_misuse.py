@@ -127,9 +127,12 @@ def test_a_run_that_does_not_fit_in_memory_fails_before_loading(tiny_checkpoint,
         build(tiny_checkpoint)
 
 
-def test_a_page_larger_than_the_capacity_is_refused(tiny_checkpoint):
-    with pytest.raises(ConfigError, match=r"kv_page_size \(1024\) is larger than the KV capacity \(64 positions\)"):
+def test_a_page_larger_than_the_capacity_is_refused(tiny_checkpoint, checkpoint_factory):
+    with pytest.raises(ConfigError, match=r"kv_page_size \(1024\) is larger than kv_capacity \(64\)"):
         build(tiny_checkpoint, kv_capacity=64, kv_page_size=1024)
+    folder = checkpoint_factory(max_positions=48)  # the capacity is the model's context: found by the engine
+    with pytest.raises(ConfigError, match=r"kv_page_size \(64\) is larger than the KV capacity \(48 positions\)"):
+        build(folder, kv_page_size=64)
 
 
 def test_the_prompt_is_checked_from_the_folder_alone(tiny_checkpoint, monkeypatch):

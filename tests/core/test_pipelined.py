@@ -169,23 +169,32 @@ def test_draw_is_torch_multinomial_without_a_sync():
     assert torch.equal(sampler.uniform(4), torch.rand(4, generator=reference))  # the generators are in step
 
 
-def test_pipelined_key_is_accepted_on_a_cpu_with_a_notice(folder, capsys):
+def notices(caplog) -> list[str]:
+    """The notices logged (logger ``tileinfer``) since the last call."""
+    found = [r.getMessage() for r in caplog.records if r.name == "tileinfer"]
+    caplog.clear()
+    return found
+
+
+def test_pipelined_key_is_accepted_on_a_cpu_with_a_notice(folder, caplog):
     if DEVICE != "cpu":
         pytest.skip("checks the CPU notice")
+    caplog.clear()
     engine = build(folder, pipelined=True)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "notice: pipelined has no effect on device cpu" in err
+    found = notices(caplog)
+    assert len(found) == 1 and found[0].startswith("pipelined has no effect on device cpu")
     assert not engine.decoder.pipelined
     assert engine.generate(PROMPT, max_new_tokens=NEW).token_ids == build(folder).generate(
         PROMPT, max_new_tokens=NEW).token_ids
 
 
-def test_with_a_proposer_decoding_is_sequential_with_a_notice(folder, capsys):
+def test_with_a_proposer_decoding_is_sequential_with_a_notice(folder, caplog):
+    caplog.clear()
     engine = build(folder, pipelined=True, proposer="ngram", spec_k=3)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("notice: pipelined")
+    found = notices(caplog)
+    assert len(found) == 1 and found[0].startswith("pipelined")
     if DEVICE == "cuda":
-        assert "proposer=ngram" in err and "decoding sequentially" in err
+        assert "proposer=ngram" in found[0] and "decoding sequentially" in found[0]
     assert not engine.decoder.pipelined
     plain = build(folder).generate(PROMPT * 2, max_new_tokens=NEW)
     result = engine.generate(PROMPT * 2, max_new_tokens=NEW)
