@@ -146,7 +146,7 @@ def run_name(shape: str, folder: Path, mc: ModelConfig, name: str, chosen: list[
     base = dict(shape=shape, env=env, mc=mc, variant=None if is_peer else name, peer=name if is_peer else None)
     extra = [f"device={device.type}"]
     try:
-        spec_k = resolve(name if not is_peer else "default", extra).spec_k
+        spec_k = resolve(name if not is_peer else "default", [*extra, f"model={folder}"]).spec_k
     except ConfigError as exc:
         tqdm.write(f"skip {shape}/{name}: {exc}")
         bar.update(len(chosen))

@@ -124,11 +124,11 @@ def test_bench(row, mode, sized, env, checkpoint, runners, benchmark):
     w = sized[workload_name]
     is_peer = name in peers_mod.PEERS
     extra = [f"device={DEVICE.type}"]
+    folder = checkpoint(shape)
     try:
-        config = resolve("default" if is_peer else name, extra)
+        config = resolve("default" if is_peer else name, [*extra, f"model={folder}"])
     except ConfigError as exc:
         pytest.skip(f"variant {name} does not load: {exc}")
-    folder = checkpoint(shape)
     per_context = not is_peer or name in peers_mod.PER_CONTEXT
     capacity = next(c for c, group in groups(list(sized.values()), config.spec_k, per_context) if w in group)
 

@@ -101,15 +101,16 @@ def measure(runner, workload: Workload, seconds: float) -> Measurement:
 class EngineRunner:
     """One variant's engine on one checkpoint, sized for one KV capacity.
 
-    ``kv_capacity`` is set per workload (prompt + new tokens + spec_k): a decode step replayed
-    from a CUDA graph sizes its attention for the whole pool, so a pool much larger than the
-    context would slow the short-context rows down.
+    ``kv_capacity`` is set per workload (prompt + new tokens + spec_k), rounded up to whole pages
+    (the pool holds whole pages): a decode step replayed from a CUDA graph sizes its attention for
+    the whole pool, so a pool much larger than the context would slow the short-context rows down.
     """
 
     def __init__(self, folder: Path, sources: list[str], overrides: list[str], kv_capacity: int) -> None:
+        page = tileinfer.load_config(sources, overrides).kv_page_size
+        self.kv_capacity = -(-kv_capacity // page) * page
         self.engine = tileinfer.Engine.from_config(
-            *sources, model=str(folder), overrides=[*overrides, f"kv_capacity={kv_capacity}"], progress=False)
-        self.kv_capacity = kv_capacity
+            *sources, model=str(folder), overrides=[*overrides, f"kv_capacity={self.kv_capacity}"], progress=False)
 
     def sample(self, workload: Workload) -> Callable[[], float]:
         engine = self.engine
