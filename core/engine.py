@@ -119,8 +119,9 @@ class Engine:
                                       positions=self.num_pages * config.kv_page_size)
         reader.close()
         self.kv = self._build_kv(options["kv_store"])
-        params = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
-        self.sampler = self.registry.get("sampler", config.sampler)(params, self.device, options=options["sampler"])
+        self.default_sampling = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
+        self.sampler = self.registry.get("sampler", config.sampler)(self.default_sampling, self.device,
+                                                                    options=options["sampler"])
         self.proposer: Proposer | None = None
         if config.proposer != "none":
             context = ProposerContext(self.model, self.sampler, config, self.registry,
@@ -196,28 +197,32 @@ class Engine:
     # -- generation ----------------------------------------------------------------------------
 
     def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-               ignore_eos: bool = False) -> Iterator[Chunk]:
+               ignore_eos: bool = False, sampling: SamplingParams | None = None) -> Iterator[Chunk]:
         """Generate from a text prompt (``chat`` wraps it in the chat template) or from token ids,
         yielding a ``Chunk`` per decoding step as its tokens are committed, then a last chunk with
         the stats. The prompt is checked when this is called; decoding starts at the first
         ``next()``.
 
         Stops at an EOS token of generation_config.json (unless ``ignore_eos``, as benchmarks do)
-        or after ``max_new_tokens`` (default: the config's).
+        or after ``max_new_tokens`` (default: the config's). ``sampling``: this generation's
+        temperature, top-k, top-p, min-p and seed (default: the config's).
         """
         check_flag("ignore_eos", ignore_eos)
+        if sampling is not None and not isinstance(sampling, SamplingParams):
+            raise UsageError(f"sampling must be a tileinfer.interfaces.SamplingParams, got {type(sampling).__name__}")
         ids = prompt_ids(prompt, chat, self.tokenizer, self.folder)
         max_new = max_new_tokens_of(max_new_tokens, self.config.max_new_tokens)
         mc = self.model_config
         check_ids(ids, max_new, vocab=mc.vocab_size, capacity=self.capacity,
                   draft=self.config.spec_k if self.proposer else 0, max_positions=mc.max_positions)
-        return self._stream(ids, max_new, () if ignore_eos else mc.eos_token_ids)
+        return self._stream(ids, max_new, () if ignore_eos else mc.eos_token_ids, sampling or self.default_sampling)
 
-    def _stream(self, ids: list[int], max_new: int, eos: tuple[int, ...]) -> Iterator[Chunk]:
+    def _stream(self, ids: list[int], max_new: int, eos: tuple[int, ...], sampling: SamplingParams) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):
             raise UsageError("this Engine is already generating (it runs one sequence at a time): finish or close "
                              "the other stream first, or use one Engine per thread")
         try:
+            self.sampler.params = sampling
             text = StreamDecoder(self.tokenizer) if self.tokenizer else None
             out: list[int] = []
             start = time.perf_counter()
@@ -243,11 +248,12 @@ class Engine:
             self._busy.release()
 
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-                 ignore_eos: bool = False) -> Generation:
+                 ignore_eos: bool = False, sampling: SamplingParams | None = None) -> Generation:
         """``stream`` collected: the new tokens, their text (special tokens skipped) and the stats."""
         out: list[int] = []
         stats = None
-        for chunk in self.stream(prompt, max_new_tokens=max_new_tokens, chat=chat, ignore_eos=ignore_eos):
+        for chunk in self.stream(prompt, max_new_tokens=max_new_tokens, chat=chat, ignore_eos=ignore_eos,
+                                 sampling=sampling):
             out += chunk.token_ids
             stats = chunk.stats or stats
         text = self.tokenizer.decode(out) if self.tokenizer else None

@@ -191,3 +191,22 @@ def test_any_prompt_ids_give_tokens_or_a_usage_error(engine, ids, max_new):
         assert not ids or max_new < 1 or any(not 0 <= t < 320 for t in ids) or len(ids) + max_new > 512
         return
     assert 1 <= len(result.token_ids) <= max_new and all(0 <= t < 320 for t in result.token_ids)
+
+
+def test_sampling_is_chosen_per_generation(tiny_checkpoint):
+    """A generation's own SamplingParams, the config's otherwise; a seed reproduces its tokens."""
+    from tileinfer.interfaces import SamplingParams
+
+    engine = build(tiny_checkpoint)
+    greedy = engine.generate(PROMPT, max_new_tokens=12).token_ids
+    hot = SamplingParams(temperature=1.5, seed=11)
+    sampled = engine.generate(PROMPT, max_new_tokens=12, sampling=hot).token_ids
+    assert sampled != greedy
+    assert engine.generate(PROMPT, max_new_tokens=12).token_ids == greedy  # the config's again
+    assert engine.generate(PROMPT, max_new_tokens=12, sampling=hot).token_ids == sampled
+    configured = build(tiny_checkpoint, temperature=1.5, seed=11).generate(PROMPT, max_new_tokens=12).token_ids
+    assert configured == sampled
+    with pytest.raises(UsageError, match="sampling must be a tileinfer.interfaces.SamplingParams, got dict"):
+        engine.generate(PROMPT, sampling={"temperature": 1.0})
+    with pytest.raises(ConfigError, match="temperature"):
+        SamplingParams(temperature=float("nan"))
