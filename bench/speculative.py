@@ -1,12 +1,14 @@
-"""Plain greedy decoding against n-gram speculation on the benchmark prompts (bench/prompts.py).
+"""Plain greedy decoding against n-gram and draft-model speculation on the benchmark prompts (bench/prompts.py).
 
 For each prompt (EDIT and OPEN tasks on the held-out files, rendered with the chat template) one
-engine without a proposer and one with ``proposer=ngram`` generate greedily, each after a warm-up
+engine without a proposer, one with ``proposer=ngram`` and one with ``proposer=draft`` (with
+--draft-model, or the shipped models/draft when --model is the shipped target; else left out)
+generate greedily, each after a warm-up
 generation of 8 tokens on that prompt (compilation and CUDA-graph capture are not timed; a verify
 step of a token count the warm-up did not meet is captured in the first timed run, so use
 --repeats 3 with cuda_graphs). Recorded: new tokens, steps, tokens per step, drafted and accepted
-tokens, acceptance rate, decode tok/s (median over the repeats) and prefill ms. The n-gram token
-ids must equal the plain ones: a prompt where they differ is a failure in the JSON and the exit
+tokens, acceptance rate, decode tok/s (median over the repeats) and prefill ms. Each proposer's
+token ids must equal the plain ones: a prompt where they differ is a failure in the JSON and the exit
 status is 1.
 
 examples:
@@ -38,7 +40,7 @@ from tileinfer.errors import TileinferError  # noqa: E402
 from tileinfer.tokenizer import Tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PROPOSERS = ("none", "ngram")
+PROPOSERS = ("none", "ngram", "draft")
 WARM_UP_TOKENS = 8
 
 
@@ -47,6 +49,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, metavar="DIR", default=ROOT / "models" / "target",
                    help="Qwen3 checkpoint folder with tokenizer.json and a chat template (default: models/target)")
+    p.add_argument("--draft-model", type=Path, metavar="DIR", help="draft checkpoint for proposer=draft (default: "
+                   "models/draft when --model is models/target; otherwise the draft model is left out)")
     p.add_argument("--max-tokens", type=int, metavar="N", default=prompts_mod.DEFAULT_MAX_TOKENS,
                    help="prompt length bound in tokens, chat template included (default: %(default)s)")
     p.add_argument("--new-tokens", type=int, metavar="N", default=256,
@@ -63,6 +67,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not (args.model / "config.json").is_file():
         p.error(f"{args.model} holds no config.json (models/target is built by models/make_all.py; pass --model DIR)")
+    if args.draft_model is None and args.model.resolve() == (ROOT / "models" / "target").resolve():
+        args.draft_model = ROOT / "models" / "draft"
     if args.max_tokens < 1 or args.new_tokens < 1 or args.repeats < 1:
         p.error("--max-tokens, --new-tokens and --repeats must be >= 1")
     return args
@@ -97,17 +103,24 @@ def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def spec_proposers(rows: list[dict]) -> list[str]:
+    return [p for p in PROPOSERS[1:] if rows and p in rows[0]]
+
+
 def table(rows: list[dict]) -> str:
-    head = ("task", "file", "prompt", "new", "plain tok/s", "ngram tok/s", "speedup", "ngram tok/step", "acceptance")
+    names = spec_proposers(rows)
+    head = ("task", "file", "prompt", "new", "plain tok/s",
+            *(f"{p} {c}" for p in names for c in ("tok/s", "speedup", "tok/step", "acceptance")))
     lines = [head]
     for r in rows:
-        plain, ngram = r["none"], r["ngram"]
-        lines.append((r["task"], r["file"], str(r["prompt_tokens"]), str(plain["new_tokens"]),
-                      fmt(plain["decode_tok_s"], ".1f"), fmt(ngram["decode_tok_s"], ".1f"), fmt(r["speedup"], ".2f"),
-                      fmt(ngram["tokens_per_step"], ".2f"), fmt(ngram["acceptance"], ".0%")))
+        lines.append((r["task"], r["file"], str(r["prompt_tokens"]), str(r["none"]["new_tokens"]),
+                      fmt(r["none"]["decode_tok_s"], ".1f"),
+                      *(x for p in names for x in (fmt(r[p]["decode_tok_s"], ".1f"), fmt(r[p]["speedup"], ".2f"),
+                                                   fmt(r[p]["tokens_per_step"], ".2f"), fmt(r[p]["acceptance"], ".0%")))))
     for task, m in summarize(rows).items():
-        lines.append((task, "mean", "", "", fmt(m["plain_tok_s"], ".1f"), fmt(m["ngram_tok_s"], ".1f"),
-                      fmt(m["speedup"], ".2f"), fmt(m["ngram_tokens_per_step"], ".2f"), fmt(m["acceptance"], ".0%")))
+        lines.append((task, "mean", "", "", fmt(m["plain_tok_s"], ".1f"),
+                      *(x for p in names for x in (fmt(m[f"{p}_tok_s"], ".1f"), fmt(m[f"{p}_speedup"], ".2f"),
+                                                   fmt(m[f"{p}_tokens_per_step"], ".2f"), fmt(m[f"{p}_acceptance"], ".0%")))))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
                      for line in lines)
@@ -122,10 +135,14 @@ def summarize(rows: list[dict]) -> dict:
     for task in dict.fromkeys(r["task"] for r in rows):
         mine = [r for r in rows if r["task"] == task]
         out[task] = {"plain_tok_s": mean(r["none"]["decode_tok_s"] for r in mine),
-                     "ngram_tok_s": mean(r["ngram"]["decode_tok_s"] for r in mine),
+                     # n-gram's under the names of the two-proposer records
                      "speedup": mean(r["speedup"] for r in mine),
-                     "ngram_tokens_per_step": mean(r["ngram"]["tokens_per_step"] for r in mine),
                      "acceptance": mean(r["ngram"]["acceptance"] for r in mine)}
+        for p in spec_proposers(rows):
+            out[task].update({f"{p}_tok_s": mean(r[p]["decode_tok_s"] for r in mine),
+                              f"{p}_speedup": mean(r[p]["speedup"] for r in mine),
+                              f"{p}_tokens_per_step": mean(r[p]["tokens_per_step"] for r in mine),
+                              f"{p}_acceptance": mean(r[p]["acceptance"] for r in mine)})
     return out
 
 
@@ -134,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if args.device == "cuda" or args.device == "auto" and torch.cuda.is_available()
                           else "cpu")
     try:
-        engines = {p: tileinfer.Engine.from_config(*args.config, overrides=[*args.override, f"proposer={p}"],
+        draft = [f"options.draft.model={args.draft_model}"] if args.draft_model else []
+        engines = {p: tileinfer.Engine.from_config(*args.config, overrides=[*args.override, f"proposer={p}",
+                                                                       *(draft if p == "draft" else [])],
                                                    model=str(args.model), device=device.type, progress=False)
-                   for p in PROPOSERS}
+                   for p in PROPOSERS if p != "draft" or args.draft_model}
         bench = prompts_mod.benchmark_prompts(Tokenizer.from_folder(args.model), args.max_tokens)
     except TileinferError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -145,13 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     for prompt in tqdm(bench, desc="prompts", unit="prompt"):
         row = {"task": prompt.task, "file": prompt.name, "prompt_tokens": len(prompt.token_ids)}
         row.update({p: run(engine, prompt.token_ids, args.new_tokens, args.repeats) for p, engine in engines.items()})
-        row["first_difference"] = first_difference(row["none"]["token_ids"], row["ngram"]["token_ids"])
+        plain_s = row["none"]["decode_tok_s"]
+        for p in engines:
+            if p != "none":
+                row[p]["first_difference"] = first_difference(row["none"]["token_ids"], row[p]["token_ids"])
+                row[p]["speedup"] = row[p]["decode_tok_s"] / plain_s if plain_s else None
+        differences = [row[p]["first_difference"] for p in engines if p != "none"]
+        row["first_difference"] = min((d for d in differences if d is not None), default=None)
         row["match"] = row["first_difference"] is None
-        plain_s, ngram_s = row["none"]["decode_tok_s"], row["ngram"]["decode_tok_s"]
-        row["speedup"] = ngram_s / plain_s if plain_s else None
+        row["speedup"] = row["ngram"]["speedup"]
         rows.append(row)
-    failures = [f"{r['task']} {r['file']}: n-gram tokens differ from plain greedy from new token "
-                f"{r['first_difference']} on" for r in rows if not r["match"]]
+    failures = [f"{r['task']} {r['file']}: {p} tokens differ from plain greedy from new token "
+                f"{r[p]['first_difference']} on" for r in rows for p in engines
+                if p != "none" and r[p]["first_difference"] is not None]
     env = environment(device)
     result = {**env, "model": str(args.model), "args": {k: str(v) if isinstance(v, Path) else v
                                                         for k, v in vars(args).items()},

@@ -1,4 +1,4 @@
-"""The ``tileinfer`` command: generate, plugins, config.
+"""The ``tileinfer`` command: generate, chat, serve, plugins, config.
 
 Errors print one line on stderr starting with ``error:`` and exit 2 (usage and config) or 1
 (anything else); ``--debug`` shows the traceback instead. An error is always the first line on
@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Sequence
 
+from tileinfer import __version__
 from tileinfer.errors import TileinferError, UsageError
 from tileinfer.notices import LOGGER
 
@@ -43,6 +44,31 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="config overrides, e.g. device=cuda linear=reference options.triton.pdl=false")
 
 
+# The sampling flags and the config keys they set (a flag and its KEY=VALUE together: a usage error).
+SAMPLING_FLAGS = {"temperature": float, "top_p": float, "top_k": int, "seed": int}
+
+
+def _model_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", help="Hugging Face Qwen3 checkpoint folder, taken verbatim (config "
+                        "key model; default: the shipped models/target)")
+
+
+def _generation_flags(parser: argparse.ArgumentParser, per_request: bool = False) -> None:
+    """--max-new-tokens and the sampling flags; ``per_request``: the server's defaults, which a
+    request's own fields override. (Their defaults are the config's: ``tileinfer config`` shows them.)"""
+    tail = "; the default of requests that do not set it" if per_request else ""
+    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+                        help=f"tokens to generate at most (config key max_new_tokens{tail})")
+    parser.add_argument("--temperature", type=float, metavar="T",
+                        help=f"sampling temperature, 0 is greedy (config key temperature{tail})")
+    parser.add_argument("--top-p", type=float, metavar="P",
+                        help=f"nucleus sampling, 1 is off (config key top_p{tail})")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help=f"sample from the K most likely tokens, 0 is off (config key top_k{tail})")
+    parser.add_argument("--seed", type=int, metavar="N",
+                        help=f"seed of the sampler, set again at each generation (config key seed{tail})")
+
+
 def _global(parser: argparse.ArgumentParser, main: bool) -> None:
     """--debug and --quiet, before or after the command (the command's copies leave the value the
     main parser set when they are not given)."""
@@ -55,21 +81,46 @@ def _global(parser: argparse.ArgumentParser, main: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tileinfer", description="Qwen3 inference composed from plugins by a config.")
     _global(parser, main=True)
+    parser.add_argument("--version", action="store_true", help="print tileinfer's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate text from a prompt",
                          description="Generate from a prompt with the model and implementations the config names.")
-    gen.add_argument("--model", metavar="DIR", help="Hugging Face Qwen3 checkpoint folder, taken verbatim (config key "
-                     "model; default: the shipped models/target)")
+    _model_flag(gen)
     source = gen.add_mutually_exclusive_group()
     source.add_argument("--prompt", metavar="TEXT", help="prompt text ('-' reads standard input)")
     source.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, e.g. 1,2,3")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
-    gen.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate (config key max_new_tokens)")
+    _generation_flags(gen)
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (token_ids, text, stats) and nothing else on stdout")
     _global(gen, main=False)
     _common(gen)
+
+    chat = sub.add_parser("chat", help="chat in the terminal, multi-turn, with the model's chat template",
+                          description="An interactive chat: each turn is rendered with the checkpoint's chat template "
+                          "with the history (the oldest turns dropped when the context is full). /reset clears "
+                          "the history, /exit or Ctrl-D quits, Ctrl-C stops the reply being written.")
+    _model_flag(chat)
+    chat.add_argument("--system", metavar="TEXT", help="system prompt, kept through /reset")
+    _generation_flags(chat)
+    _global(chat, main=False)
+    _common(chat)
+
+    serve = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (needs tileinfer[serve])",
+                           description="Serve POST /v1/chat/completions and /v1/completions (streaming with "
+                           "server-sent events), GET /v1/models and GET /health. One request runs at a time, in "
+                           "arrival order; the others wait in a bounded queue (503 when it is full).")
+    _model_flag(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--queue", type=int, default=16, metavar="N",
+                       help="requests that may wait behind the one running (default 16); more get 503")
+    serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 requests "
+                       "(default: the environment variable TILEINFER_API_KEY; none when unset)")
+    _generation_flags(serve, per_request=True)
+    _global(serve, main=False)
+    _common(serve)
 
     plugins = sub.add_parser("plugins", help="list every registered implementation per interface, with its options")
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
@@ -132,10 +183,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             args = _parse(argv)
             notices.quiet = args.quiet
+            if args.version:
+                print(f"tileinfer {__version__}")
+                return 0
             if args.command is None:
                 build_parser().print_help(sys.stderr)
                 return 2
-            status = {"generate": _generate, "plugins": _plugins, "config": _config}[args.command](args, notices)
+            commands = {"generate": _generate, "chat": _chat, "serve": _serve, "plugins": _plugins, "config": _config}
+            status = commands[args.command](args, notices)
             sys.stdout.flush()  # here, so that a reader gone away is seen here and not at exit
             notices.show_held()
             return status
@@ -212,14 +267,59 @@ def _read_stdin() -> str:
                          f"{exc.start})") from None
 
 
+def _flag_sources(args: argparse.Namespace) -> list[dict]:
+    """The config keys that --model, --max-new-tokens and the sampling flags set, as a mapping
+    merged over the --config files (a path verbatim, numbers as parsed); UsageError when a flag's
+    key is also given as KEY=VALUE."""
+    given = {item.partition("=")[0].strip() for item in args.overrides}
+    keys = {}
+    for key in ("model", "max_new_tokens", *SAMPLING_FLAGS):
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        if key in given:
+            flag = "--" + key.replace("_", "-")
+            meta = "DIR" if key == "model" else "VALUE"
+            raise UsageError(f"{key} is given twice: use {flag} {meta} or {key}={meta}, not both")
+        keys[key] = value
+    return [keys] if keys else []
+
+
+def _load_engine(args: argparse.Namespace, notices: _Notices):
+    """The Engine the command's config names, its notices printed once it was built."""
+    from tileinfer.engine import Engine
+
+    engine = Engine(_load(args, _flag_sources(args)))
+    notices.show_held()
+    return engine
+
+
+def _chat(args: argparse.Namespace, notices: _Notices) -> int:
+    from tileinfer import chat
+
+    engine = _load_engine(args, notices)
+    return chat.run(engine, system=args.system, max_new_tokens=args.max_new_tokens)
+
+
+def _serve(args: argparse.Namespace, notices: _Notices) -> int:
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    if args.queue < 0:
+        raise UsageError(f"--queue must be >= 0, got {args.queue}")
+    try:
+        from tileinfer import server
+    except ImportError as exc:
+        raise UsageError(f"serve needs FastAPI and uvicorn ({exc}): pip install 'tileinfer[serve]'") from None
+    engine = _load_engine(args, notices)
+    print(f"serving {engine.folder.name} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr,
+          flush=True)
+    server.serve(engine, host=args.host, port=args.port, queue_size=args.queue, api_key=args.api_key,
+                 log_level="warning" if args.quiet else "info")
+    return 0
+
+
 def _generate(args: argparse.Namespace, notices: _Notices) -> int:
-    sources = []
-    if args.model is not None:
-        if any(item.partition("=")[0] == "model" for item in args.overrides):
-            raise UsageError("the model is given twice: use --model DIR or model=DIR, not both")
-        sources.append({"model": args.model})  # a path, verbatim: never read as YAML
-    extra = [f"max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens is not None else []
-    config = _load(args, sources, extra)
+    config = _load(args, _flag_sources(args))
     if args.prompt is None and args.prompt_ids is None:
         raise UsageError("give a prompt: --prompt TEXT or --prompt-ids 1,2,3")
     if args.prompt_ids is not None:

@@ -1,0 +1,127 @@
+"""``tileinfer chat``: a multi-turn chat in the terminal, rendered with the model's chat template.
+
+Each turn renders the whole history (an optional system prompt, then the user and assistant
+messages) with the checkpoint's chat template and streams the reply. When the next prompt and
+``max_new_tokens`` would not fit the KV capacity, the oldest turns are dropped (a notice says so).
+``/reset`` clears the history (the system prompt stays), ``/exit`` or end of input (Ctrl-D) ends
+the session with status 0, and Ctrl-C stops the reply being written (what was written stays in
+the history) without ending the session.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from tileinfer.errors import UsageError
+
+HELP = "/reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply"
+
+
+class ChatSession:
+    """The history of one conversation with ``engine`` and the turns that extend it."""
+
+    def __init__(self, engine, *, system: str | None = None, max_new_tokens: int | None = None,
+                 notify: Callable[[str], None] = lambda line: None) -> None:
+        if engine.tokenizer is None or not engine.tokenizer.chat_template:
+            raise UsageError(f"chat needs a checkpoint with a tokenizer and a chat template ({engine.folder} has "
+                             "none)")
+        self.engine = engine
+        self.system = [{"role": "system", "content": system}] if system else []
+        self.turns: list[dict] = []  # user and assistant messages, oldest first
+        self.max_new_tokens = max_new_tokens or engine.config.max_new_tokens
+        self.notify = notify
+
+    def reset(self) -> None:
+        self.turns = []
+
+    def prompt_ids(self, user: str) -> list[int] | None:
+        """The token ids of the history and ``user``'s message, dropping the oldest turns until
+        they and the reply fit the context; None (history kept) when the message alone does not."""
+        engine = self.engine
+        draft = engine.config.spec_k if engine.proposer is not None else 0
+        budget = engine.capacity - self.max_new_tokens - draft
+        turns = [*self.turns, {"role": "user", "content": user}]
+        dropped = 0
+        while True:
+            text = engine.tokenizer.apply_chat_template([*self.system, *turns], add_generation_prompt=True)
+            ids = engine.tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) <= budget:
+                break
+            if len(turns) == 1:
+                self.notify(f"this message needs {len(ids)} tokens with the system prompt, and the reply "
+                            f"{self.max_new_tokens} more: more than the context holds ({engine.capacity}); "
+                            "shorten it or lower --max-new-tokens")
+                return None
+            turns = turns[2:] if len(turns) > 2 else turns[1:]  # the oldest user message and its reply
+            dropped += 1
+        if dropped:
+            self.notify(f"dropped the {dropped} oldest turn{'s' if dropped > 1 else ''} to fit the context "
+                        f"({engine.capacity} tokens)")
+        self.turns = turns
+        return ids
+
+    def reply(self, user: str, write: Callable[[str], None]) -> str | None:
+        """Stream the reply to ``user`` through ``write`` and keep it in the history; Ctrl-C
+        (KeyboardInterrupt) stops it and keeps what was written. None if the message does not fit."""
+        ids = self.prompt_ids(user)
+        if ids is None:
+            return None
+        stream = self.engine.stream(ids, max_new_tokens=self.max_new_tokens)
+        pieces: list[str] = []
+        try:
+            for chunk in stream:
+                if chunk.text:
+                    pieces.append(chunk.text)
+                    write(chunk.text)
+        except KeyboardInterrupt:
+            self.notify("stopped")
+        finally:
+            stream.close()  # frees the engine for the next turn
+        text = "".join(pieces)
+        self.turns.append({"role": "assistant", "content": text})
+        return text
+
+
+def run(engine, *, system: str | None = None, max_new_tokens: int | None = None) -> int:
+    """The read-reply loop on standard input and output; returns the exit status (0)."""
+    try:
+        import readline  # noqa: F401 - line editing and history for input()
+    except ImportError:
+        pass
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")  # a reply's text on any terminal
+
+    def notify(line: str) -> None:
+        print(f"[{line}]", file=sys.stderr, flush=True)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    session = ChatSession(engine, system=system, max_new_tokens=max_new_tokens, notify=notify)
+    print(f"tileinfer chat with {engine.folder.name} ({HELP})", file=sys.stderr, flush=True)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return 0
+        except KeyboardInterrupt:
+            print(file=sys.stderr)
+            notify("Ctrl-D or /exit quits")
+            continue
+        command = line.strip()
+        if command in ("/exit", "/quit"):
+            return 0
+        if command == "/reset":
+            session.reset()
+            notify("history cleared")
+            continue
+        if command.startswith("/"):
+            notify(f"unknown command {command.split()[0]}: {HELP}")
+            continue
+        if not command:
+            continue
+        session.reply(line, write)
+        write("\n")

@@ -1,0 +1,235 @@
+"""Plugin ``draft``: speculation by a smaller Qwen3 checkpoint with the target's vocabulary.
+
+``proposer=draft`` loads a second checkpoint (``options.draft.model``; by default the shipped
+models/draft beside the shipped models/target) with tileinfer's own loader and model, built from
+the same linear and attention implementations as the target (with their options), on the target's
+device and dtype, with a KV store of its own (the run's ``kv_store``, pages of ``kv_page_size``).
+
+Each step it catches up on the tokens the target committed that it has not cached yet (the
+target's correction or bonus token, and a last draft it had not fed), then drafts ``k`` tokens one
+at a time: greedily (``options.draft.greedy=true``, q one-hot), or drawn from its own distribution
+under the target's sampling settings (``greedy=false``: ``Draft.probs`` is q, for the p/q rule).
+After the verify step it forgets the drafts the target rejected (``KVStore.truncate``): its cache
+always holds a prefix of the committed sequence.
+
+Its steps run eagerly (``tileinfer.steps.EagerSteps``): replaying the drafter's 1-token steps from
+CUDA graphs (as the target's are) is future work, and on a GPU the drafter's launch overhead is
+then the larger part of a step's cost for small drafts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tileinfer import hookimpl
+from tileinfer.errors import ConfigError, TileinferError
+from tileinfer.hookspecs import Implementation
+from tileinfer.interfaces import Draft, KVGeometry, Proposer, ProposerContext, RunSpec, Step
+from tileinfer.options import Option
+
+
+def shipped_draft() -> Path | None:
+    """models/draft, the sibling of the shipped target, if installed."""
+    from tileinfer.engine import shipped_model
+
+    target = shipped_model()
+    draft = target.parent / "draft" if target is not None else None
+    return draft if draft is not None and (draft / "config.json").is_file() else None
+
+
+def _is_shipped_target(config) -> bool:
+    from tileinfer.engine import shipped_model
+
+    target = shipped_model()
+    if config.model is None:
+        return target is not None
+    try:
+        return target is not None and Path(config.model).resolve() == target.resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def draft_folder(model: str, config) -> Path:
+    """The draft checkpoint folder: ``model``, or the shipped draft when ``model`` is empty and the
+    target is the shipped model; a one-line ConfigError otherwise."""
+    if model:
+        folder = Path(model)
+        if not folder.is_dir():
+            raise ConfigError(f"options.draft.model={model}: draft model folder not found")
+        return folder
+    folder = shipped_draft()
+    if folder is None or not _is_shipped_target(config):
+        why = ("the target is not the shipped model" if folder is not None
+               else "the shipped draft models/draft is not installed")
+        raise ConfigError(f"proposer=draft needs options.draft.model=DIR (a Qwen3 checkpoint folder with the "
+                          f"target's vocabulary): {why}")
+    return folder
+
+
+def _same_tokenizer(a: Path, b: Path) -> bool:
+    """Whether two tokenizer.json files map the same strings to the same ids."""
+    if a.read_bytes() == b.read_bytes():
+        return True
+    from tokenizers import Tokenizer
+
+    try:
+        return (Tokenizer.from_file(str(a)).get_vocab(with_added_tokens=True)
+                == Tokenizer.from_file(str(b)).get_vocab(with_added_tokens=True))
+    except Exception:  # noqa: BLE001 - an unreadable tokenizer is a mismatch, reported as one
+        return False
+
+
+class DraftModelProposer(Proposer):
+    """Drafts with a separate, smaller Qwen3 model that has its own KV cache (see the module)."""
+
+    declared_options = (
+        Option("model", str, "", "draft checkpoint folder, a Qwen3 with the target's vocabulary (empty: the "
+               "shipped models/draft, when the target is the shipped model)"),
+        Option("greedy", bool, True, "draft the argmax; false: sample from the draft's distribution with the "
+               "target's sampling settings (verified by the p/q rule)"),
+    )
+
+    @classmethod
+    def incompatibilities(cls, run: RunSpec) -> list[str]:
+        """What can be checked without the target: the draft folder, when named, is a Qwen3 checkpoint."""
+        from tileinfer.model_config import ModelConfig
+
+        model = run.options["model"]
+        if not model:
+            return []
+        folder = Path(model)
+        if not folder.is_dir():
+            return [f"options.draft.model={model}: draft model folder not found"]
+        try:
+            ModelConfig.from_folder(folder)
+        except TileinferError as exc:
+            return [f"options.draft.model={model}: {exc}"]
+        return []
+
+    def __init__(self, context: ProposerContext) -> None:
+        super().__init__(context)
+        from tileinfer.loading import CheckpointReader
+        from tileinfer.memory import check_fits
+        from tileinfer.model import Backend, Qwen3Model
+        from tileinfer.model_config import ModelConfig
+        from tileinfer.resolution import implementation_options
+        from tileinfer.steps import EagerSteps
+
+        config, registry, target = context.config, context.registry, context.target
+        self.folder = folder = draft_folder(self.options["model"], config)
+        mc = ModelConfig.from_folder(folder)
+        self._check_matches_target(mc, folder)
+        # The draft caches what the target does (prompt, committed tokens, drafts), up to its own context.
+        page = config.kv_page_size
+        target_positions = min(config.kv_capacity, target.config.max_positions)
+        self.capacity = min(-(-target_positions // page) * page, mc.max_positions)
+        if config.spec_k + 1 > self.capacity:
+            raise ConfigError(f"spec_k={config.spec_k} needs {config.spec_k + 1} positions of the draft's context, "
+                              f"but {folder} holds {self.capacity} (max_position_embeddings {mc.max_positions}): "
+                              f"lower spec_k")
+        if self.capacity < target_positions:
+            from tileinfer.notices import notice
+
+            notice(f"the draft model's context ({mc.max_positions} positions) is shorter than the target's "
+                   f"({target_positions}): no drafts past position {self.capacity}")
+        num_pages = -(-self.capacity // page)
+        kv_class = registry.get("kv_store", config.kv_store)
+        check_fits(mc, device=target.device, dtype=target.dtype, quantize=config.quantize,
+                   positions=num_pages * page, storage=kv_class.storage)
+        backend = Backend(registry.get("linear", config.linear), registry.get("attention", config.attention),
+                          config.quantize, implementation_options(config, "linear", registry),
+                          implementation_options(config, "attention", registry))
+        reader = CheckpointReader(folder, mc, target.device, target.dtype)
+        self.model = Qwen3Model.build(mc, reader.tensor, backend, progress=False, positions=num_pages * page)
+        reader.close()
+        geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, page, num_pages, target.dtype)
+        self.kv = kv_class(geometry, target.device, key_norm_weights=[l.attention.k_norm_weight for l in self.model.layers],
+                           options=implementation_options(config, "kv_store", registry))
+        self.steps = EagerSteps(self.model, self.kv)
+        self._cached: list[int] = []  # the tokens whose keys and values the draft's KV store holds
+        self._committed = 0  # how many of them the target has committed
+        self._next: torch.Tensor | None = None  # logits [V] after the last cached token, if computed
+
+    def _check_matches_target(self, mc, folder: Path) -> None:
+        from tileinfer.engine import model_folder
+
+        target = self.context.target.config
+        if mc.vocab_size != target.vocab_size:
+            raise ConfigError(f"the draft model {folder} has vocab_size {mc.vocab_size}, the target "
+                              f"{target.vocab_size}: a draft model needs the target's vocabulary")
+        mine, theirs = folder / "tokenizer.json", model_folder(self.context.config) / "tokenizer.json"
+        if mine.is_file() and theirs.is_file() and not _same_tokenizer(mine, theirs):
+            raise ConfigError(f"the draft model {folder} has another tokenizer than the target (tokenizer.json "
+                              "differs): a draft model needs the target's vocabulary")
+
+    # -- the Proposer interface -----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def start(self, tokens: list[int], hidden: dict[int, torch.Tensor]) -> None:
+        """Prefill the draft on the prompt and the first token (if its context holds them)."""
+        self.kv.reset()
+        self._cached, self._committed, self._next = [], 0, None
+        if len(tokens) <= self.capacity:
+            self._feed(tokens)
+            self._committed = len(tokens)
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], k: int) -> Draft:
+        k = min(k, self.capacity + 1 - len(tokens))  # the drafts fed back must fit the draft's context
+        if k < 1 or self._cached != tokens[:len(self._cached)]:
+            return Draft([])  # past the draft's context (or a sequence it was not started on)
+        if len(self._cached) < len(tokens) or self._next is None:
+            self._feed(tokens[len(self._cached):] or tokens[-1:], rewind=not tokens[len(self._cached):])
+        self._committed = len(tokens)
+        sampler = self.context.sampler
+        sampled = not self.options["greedy"] and not sampler.greedy
+        drafts, probs = [], []
+        for i in range(k):
+            logits = self._next[None]
+            if sampled:
+                q = sampler.probs(logits)
+                drafts.append(int(sampler.draw(q)[0]))
+                probs.append(q[0])
+            else:
+                drafts.append(int(logits.argmax(-1)[0]))
+            if i < k - 1:
+                self._feed(drafts[-1:])
+        return Draft(drafts, torch.stack(probs) if sampled else None)
+
+    def accept(self, tokens: list[int], num_accepted: int, hidden: dict[int, torch.Tensor]) -> None:
+        """Keep the cached drafts the target accepted, forget the rest."""
+        n, cached = self._committed, self._cached
+        while n < len(cached) and n < len(tokens) and cached[n] == tokens[n]:
+            n += 1
+        if n < len(cached):
+            del cached[n:]
+            self.kv.truncate(n)
+            self._next = None
+        self._committed = n
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _feed(self, tokens: list[int], rewind: bool = False) -> None:
+        """Run ``tokens`` after the cached ones; keep the logits after the last. ``rewind``: the
+        last cached token again (its logits were dropped), overwriting its keys and values."""
+        if rewind:
+            self.kv.truncate(len(self._cached) - 1)
+            del self._cached[-1]
+        start = len(self._cached)
+        self.kv.reserve(start + len(tokens))
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.model.device)
+        if start == 0:  # a prefill: only the last row of logits is needed
+            logits, _ = self.model.forward(ids, Step.at(0, len(tokens), self.model.device), self.kv, last_only=True)
+        else:
+            logits, _ = self.steps.forward(ids, start)
+        self._cached += tokens
+        self._next = logits[-1]
+
+
+@hookimpl
+def tileinfer_implementations() -> list[Implementation]:
+    return [Implementation("proposer", "draft", DraftModelProposer,
+                           "a smaller Qwen3 draft model with its own KV cache (options.draft.model)")]

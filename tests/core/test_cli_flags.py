@@ -1,0 +1,87 @@
+"""The command line's --version and conventional sampling flags (--temperature, --top-p, --top-k,
+--seed), which set the config keys of the same names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tileinfer
+from tileinfer.cli import _flag_sources, _load, _parse, build_parser, main
+
+BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
+        "cuda_graphs=false", "pipelined=false"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version(capsys):
+    assert run(capsys, "--version") == (0, f"tileinfer {tileinfer.__version__}\n", "")
+    done = subprocess.run([sys.executable, "-m", "tileinfer.cli", "--version"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, f"tileinfer {tileinfer.__version__}\n")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+def test_sampling_flags_set_their_config_keys(command):
+    args = _parse([command, "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--seed", "5",
+                   "--max-new-tokens", "9", "device=cpu"])
+    config = _load(args, _flag_sources(args))
+    assert (config.temperature, config.top_p, config.top_k, config.seed, config.max_new_tokens) == (0.7, 0.9, 20, 5, 9)
+    assert config.device == "cpu"
+
+
+def test_a_flag_wins_over_a_config_file(tmp_path):
+    path = tmp_path / "warm.yaml"
+    path.write_text("temperature: 0.2\ntop_k: 3\n")
+    args = _parse(["generate", "--config", str(path), "--temperature", "1.1"])
+    config = _load(args, _flag_sources(args))
+    assert (config.temperature, config.top_k) == (1.1, 3)
+
+
+def test_generate_samples_with_the_flags(capsys, tiny_checkpoint):
+    code, out, err = run(capsys, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", "5,6,7", "--json",
+                         "--max-new-tokens", "8", "--temperature", "1.3", "--top-p", "0.9", "--top-k", "50",
+                         "--seed", "11", *BASE)
+    assert code == 0, err
+    engine = tileinfer.Engine.from_config(model=str(tiny_checkpoint), progress=False,
+                                          overrides=[*BASE, "temperature=1.3", "top_p=0.9", "top_k=50", "seed=11"])
+    assert json.loads(out)["token_ids"] == engine.generate([5, 6, 7], max_new_tokens=8).token_ids
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+@pytest.mark.parametrize("flag,item", [("--temperature=0.5", "temperature=0.7"), ("--top-p=0.5", "top_p=0.5"),
+                                       ("--top-k=4", "top_k=4"), ("--seed=1", "seed=2"),
+                                       ("--max-new-tokens=3", "max_new_tokens=4")])
+def test_a_flag_and_its_key_together_are_a_one_line_usage_error(capsys, command, flag, item):
+    code, out, err = run(capsys, command, flag, item, "--prompt", "x") if command == "generate" \
+        else run(capsys, command, flag, item)
+    key = item.partition("=")[0]
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {key} is given twice: use --{key.replace('_', '-')} VALUE or {key}=VALUE")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv,words", [(["generate", "--temperature", "warm"], "invalid float value"),
+                                        (["generate", "--top-k", "1.5"], "invalid int value"),
+                                        (["generate", "--prompt", "x", "--temperature", "-1"], "temperature=-1.0"),
+                                        (["serve", "--port", "70000"], "--port"),
+                                        (["serve", "--queue", "-1"], "--queue")])
+def test_bad_flag_values_are_one_line_errors(capsys, argv, words):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
+
+
+def test_help_names_the_flags_and_their_keys():
+    for command in ("generate", "chat", "serve"):
+        text = " ".join(build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
+        for flag, key in [("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"),
+                          ("--seed", "seed"), ("--max-new-tokens", "max_new_tokens")]:
+            assert flag in text and f"config key {key}" in text
+    assert "--version" in build_parser().format_help()
