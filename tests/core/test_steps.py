@@ -74,7 +74,7 @@ def test_a_position_read_from_the_host_is_caught(folder, monkeypatch):
     eager, _ = generate(folder, "reference", replayed=False)
     from tileinfer.plugins.reference import attention
 
-    def stale(q, step, kv, layer, scale):  # reads the host start, as eager code may
+    def stale(q, step, kv, layer, scale, fused=None):  # reads the host start, as eager code may
         keys, values = kv.gather(layer, step.start + step.num_tokens)
         return attention.causal_attention(q, keys, values, step.start, scale)
 

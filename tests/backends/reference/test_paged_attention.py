@@ -1,5 +1,5 @@
 """causal_attention and paged_attention (backends/reference/paged_attention.py) against torch's SDPA
-and a float64 loop."""
+and a float64 loop; sdpa_attention and gather_heads against causal_attention and gather_pages."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tileinfer.backends.reference.paged_attention import causal_attention, paged_attention
+from tileinfer.backends.reference.paged_attention import (causal_attention, gather_heads, gather_pages,
+                                                          paged_attention, sdpa_attention)
 
 
 def gen(seed: int) -> torch.Generator:
@@ -74,3 +75,83 @@ def test_paged_attention_is_causal_attention_over_the_pages(start, t):
     positions = torch.arange(start, length)
     got = paged_attention(q, k_pages, v_pages, block_table, positions, 0.25)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+# (heads, kv_heads, head_dim, start, new tokens): GQA groups of 1, 3 and 4, decode (T = 1) and
+# steps of several tokens, from position 0 (a prompt) and after a cached prefix (verify steps).
+SDPA_CASES = [(4, 4, 16, 0, 9), (6, 2, 64, 0, 37), (6, 2, 64, 0, 1), (6, 2, 64, 41, 1), (8, 2, 32, 17, 5),
+              (4, 1, 128, 63, 1), (4, 1, 128, 30, 16)]
+SDPA_IDS = [f"h{h}-kv{kv}-d{d}-start{s}-t{t}" for h, kv, d, s, t in SDPA_CASES]
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,start,t", SDPA_CASES, ids=SDPA_IDS)
+def test_sdpa_attention_is_causal_attention(heads, kv_heads, d, start, t):
+    g = gen(40 + start + t)
+    q = torch.randn(t, heads, d, generator=g)
+    k = torch.randn(start + t, kv_heads, d, generator=g)
+    v = torch.randn(start + t, kv_heads, d, generator=g)
+    expected = causal_attention(q, k, v, start, d**-0.5)
+    got = sdpa_attention(q, k, v, start, d**-0.5)
+    assert got.shape == (t, heads, d) and got.dtype == q.dtype
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d,start,t", SDPA_CASES, ids=SDPA_IDS)
+def test_sdpa_attention_by_positions_ignores_the_rows_past_them(heads, kv_heads, d, start, t):
+    """``start`` as the positions tensor (a step replayed from a CUDA graph): K and V hold more
+    rows than the queries see, poisoned with NaN, and only the device tensor says where they stop."""
+    g = gen(50 + start + t)
+    q = torch.randn(t, heads, d, generator=g)
+    k = torch.randn(start + t + 11, kv_heads, d, generator=g)
+    v = torch.randn(start + t + 11, kv_heads, d, generator=g)
+    expected = causal_attention(q, k[: start + t], v[: start + t], start, 0.2)
+    k[start + t:], v[start + t:] = float("nan"), float("nan")
+    got = sdpa_attention(q, k, v, torch.arange(start, start + t), 0.2)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_sdpa_attention_in_half_precision_is_close_to_float32(dtype):
+    """Inputs rounded to ``dtype``: within a few of its ulps of the float32 oracle on the same
+    rounded inputs (the CPU kernel accumulates in float32; the output is rounded once)."""
+    heads, kv_heads, d, start, t = 6, 2, 64, 29, 3
+    g = gen(60)
+    q, k, v = (torch.randn(n, h, d, generator=g).to(dtype)
+               for n, h in ((t, heads), (start + t, kv_heads), (start + t, kv_heads)))
+    got = sdpa_attention(q, k, v, start, d**-0.5)
+    assert got.dtype == dtype
+    expected = causal_attention(q.float(), k.float(), v.float(), start, d**-0.5)
+    tol = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(got.float(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("length", [1, 8, 13, 50])
+def test_gather_heads_is_gather_pages_heads_first(length):
+    """Through a permuted block table; the result is [Hkv, L, D], and its transpose (the layout
+    sdpa_attention takes) gives causal_attention's result over the gathered pages."""
+    heads, kv_heads, d, page, num_pages = 4, 2, 16, 8, 7
+    g = gen(70 + length)
+    pages = torch.randn(num_pages, kv_heads, page, d, generator=g)
+    block_table = torch.randperm(num_pages, generator=g).to(torch.int32)
+    dense = gather_pages(pages, block_table, length)
+    heads_first = gather_heads(pages, block_table, length)
+    assert heads_first.shape == (kv_heads, length, d)
+    assert torch.equal(heads_first.transpose(0, 1), dense)
+    q = torch.randn(1, heads, d, generator=g)
+    keys = heads_first.transpose(0, 1)
+    torch.testing.assert_close(sdpa_attention(q, keys, keys, length - 1, 0.3),
+                               causal_attention(q, dense, dense, length - 1, 0.3), atol=1e-5, rtol=1e-5)
+
+
+def test_gather_heads_into_a_larger_buffer_leaves_the_result_unchanged():
+    """``out`` (a flat buffer the size of all the pages, reused across calls) gives the same result
+    as a fresh copy, for a short and then a long context."""
+    kv_heads, d, page, num_pages = 2, 16, 8, 7
+    g = gen(80)
+    pages = torch.randn(num_pages, kv_heads, page, d, generator=g)
+    block_table = torch.randperm(num_pages, generator=g).to(torch.int32)
+    out = torch.full((pages.numel(),), float("nan"))
+    for length in (3, 50, 9):
+        got = gather_heads(pages, block_table, length, out)
+        assert got.data_ptr() == out.data_ptr()
+        assert torch.equal(got, gather_heads(pages, block_table, length))
