@@ -1,6 +1,6 @@
-"""The CPU path (issue 16): prefill of a long prompt and decode tok/s at a short and a long context,
-tileinfer's default config on a CPU against transformers' Qwen3ForCausalLM (``attn_implementation
-="sdpa"``) on the same model, the same prompt tokens and the same thread count, in the same run.
+"""The CPU path: prefill of a long prompt and decode tok/s at a short and a long context, tileinfer's
+default config on a CPU against transformers' Qwen3ForCausalLM (``attn_implementation="sdpa"``) on
+the shipped model, the same prompt tokens and the same thread count, in the same run.
 
 The prompt is the token ids of the held-out files (``models/heldout``, not in the shipped models'
 training corpus), cut to ``--long`` tokens; the short context is its first ``--short`` tokens.
@@ -28,10 +28,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from peers import token_arrivals  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "target"
@@ -77,33 +80,14 @@ class Transformers:
         transformers.utils.logging.disable_progress_bar()
         self.model = Qwen3ForCausalLM.from_pretrained(MODEL, attn_implementation="sdpa", dtype=torch.float32).eval()
 
-    def _arrivals(self, ids: list[int], new: int) -> tuple[float, list[float]]:
-        """The call's start and each new token's arrival on the host (the first ``put`` is the prompt)."""
-        from transformers.generation.streamers import BaseStreamer
-
-        arrivals: list[float] = []
-
-        class Clock(BaseStreamer):
-            def put(self, value):
-                arrivals.append(time.perf_counter())
-
-            def end(self):
-                pass
-
-        x = torch.tensor([ids])
-        began = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, min_new_tokens=new,
-                                      do_sample=False, pad_token_id=0, streamer=Clock())
-        assert out.shape[1] == len(ids) + new and len(arrivals) == new + 1
-        return began, arrivals[1:]
+    def _times(self, ids: list[int], new: int) -> list[float]:
+        return token_arrivals(self.model, torch.tensor([ids]), new, do_sample=False, pad_token_id=0)
 
     def prefill_ms(self, ids: list[int]) -> float:
-        began, times = self._arrivals(ids, 1)
-        return (times[0] - began) * 1e3
+        return self._times(ids, 1)[0] * 1e3
 
     def decode_tok_s(self, ids: list[int], new: int) -> float:
-        _, times = self._arrivals(ids, new)
+        times = self._times(ids, new)
         return (new - 1) / (times[-1] - times[0])
 
 
@@ -138,13 +122,14 @@ def commit() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="after", help="the run's name in the record (before, after, ...)")
     parser.add_argument("--long", type=int, default=1900, help="prompt tokens of the prefill and the long context")
     parser.add_argument("--short", type=int, default=8, help="prompt tokens of the short context")
     parser.add_argument("--new", type=int, default=65, help="tokens generated per decode run")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per figure, after one warm-up (default 5)")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"the JSON record (default {OUT})")
     parser.add_argument("--note", default="", help="a line kept with the run")
     args = parser.parse_args(argv)
 

@@ -35,6 +35,31 @@ PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled")
 PER_CONTEXT = ("hf-static-compile", "engine-compiled")  # built (and compiled) per context; hf-sdpa once
 
 
+def token_arrivals(model, ids: torch.Tensor, new: int, **kwargs) -> list[float]:
+    """Seconds from the call of transformers' ``model.generate(ids, ...)`` (``[1, L]`` token ids,
+    exactly ``new`` new tokens, ``kwargs`` passed on) to each new token's arrival on the host:
+    transformers streams the tokens as they are ready (its first ``put`` is the prompt)."""
+    from transformers.generation.streamers import BaseStreamer
+
+    arrivals: list[float] = []
+
+    class Clock(BaseStreamer):
+        def put(self, value):
+            arrivals.append(time.perf_counter())
+
+        def end(self):
+            pass
+
+    began = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                             streamer=Clock(), **kwargs)
+    if out.shape[1] != ids.shape[1] + new or len(arrivals) != new + 1:
+        raise RuntimeError(f"generate gave {out.shape[1] - ids.shape[1]} tokens in {len(arrivals) - 1} "
+                           f"streamed steps, not {new}")
+    return [t - began for t in arrivals[1:]]
+
+
 class HFRunner:
     """transformers' Qwen3ForCausalLM on the checkpoint, eager SDPA or static cache + compile."""
 
@@ -59,29 +84,9 @@ class HFRunner:
         self.static = static
 
     def _times(self, ids: torch.Tensor, new: int) -> list[float]:
-        """Seconds from the call to each new token's arrival on the host (transformers streams the
-        tokens as they are ready; the first ``put`` is the prompt)."""
-        from transformers.generation.streamers import BaseStreamer
-
-        arrivals: list[float] = []
-
-        class Clock(BaseStreamer):
-            def put(self, value):
-                arrivals.append(time.perf_counter())
-
-            def end(self):
-                pass
-
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        began = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                      min_new_tokens=new, streamer=Clock(), **self.kwargs)
-        if out.shape[1] != ids.shape[1] + new or len(arrivals) != new + 1:
-            raise RuntimeError(f"generate gave {out.shape[1] - ids.shape[1]} tokens in {len(arrivals) - 1} "
-                               f"streamed steps, not {new}")
-        return [t - began for t in arrivals[1:]]
+        return token_arrivals(self.model, ids, new, **self.kwargs)
 
     def sample(self, workload: Workload) -> Callable[[], float]:
         prompt = random_prompt(workload.prompt_tokens, self.model.config.vocab_size)

@@ -19,7 +19,6 @@ then the larger part of a step's cost for small drafts.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch

@@ -56,6 +56,36 @@ def load_script(path: str, name: str):
     return sys.modules[name]
 
 
+# The reference implementations on the CPU, eager: what the command-line tests mean (the default
+# config is the Triton engine on a GPU).
+REFERENCE_CPU = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
+                 "cuda_graphs=false", "pipelined=false"]
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """``tileinfer ARGV...`` in this process: its exit status, standard output and standard error."""
+    from tileinfer.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def reference_engine(folder: Path, **keys):
+    """An engine of the reference config on the CPU in float32, pages of 16 positions."""
+    import tileinfer
+
+    return tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32",
+                                        kv_page_size=16, progress=False, **keys)
+
+
+def repetitive_prompt() -> list[int]:
+    """47 tokens (not a multiple of the page size) whose second half repeats the first: n-gram and
+    draft proposals get accepted."""
+    base = list(range(10, 30))
+    return base + base + base[:7]
+
+
 def gpu_available() -> bool:
     return torch.cuda.is_available()
 

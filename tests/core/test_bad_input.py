@@ -10,10 +10,7 @@ import pytest
 
 import tileinfer
 from tileinfer.errors import CheckpointError, ConfigError, UsageError
-
-# the reference implementations, eager: what these tests mean (the default config is the Triton engine)
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
-        "cuda_graphs=false", "pipelined=false"]
+from conftest import REFERENCE_CPU as BASE
 
 
 def engine_for(folder: Path, *extra: str):

@@ -13,9 +13,8 @@ import pytest
 
 import tileinfer
 from tileinfer.chat import ChatSession
+from conftest import REFERENCE_CPU as BASE
 
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
-        "cuda_graphs=false", "pipelined=false"]
 SYSTEM = "You write Python."
 
 

@@ -8,18 +8,7 @@ import pytest
 import yaml
 
 import tileinfer
-from conftest import DEVICE
-from tileinfer.cli import main
-
-# the reference implementations, eager: what these tests mean (the default config is the Triton engine)
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
-        "cuda_graphs=false", "pipelined=false"]
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import DEVICE, REFERENCE_CPU as BASE, run_cli as run
 
 
 def test_generate_json_prints_one_object_matching_the_api(capsys, tiny_checkpoint):

@@ -10,16 +10,9 @@ import sys
 import pytest
 
 import tileinfer
-from tileinfer.cli import _flag_sources, _load, _parse, build_parser, main
-
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
-        "cuda_graphs=false", "pipelined=false"]
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+from tileinfer.cli import _flag_sources, _load
+from tileinfer.cli_args import build_parser, parse_args
+from conftest import REFERENCE_CPU as BASE, run_cli as run
 
 
 def test_version(capsys):
@@ -30,7 +23,7 @@ def test_version(capsys):
 
 @pytest.mark.parametrize("command", ["generate", "chat", "serve"])
 def test_sampling_flags_set_their_config_keys(command):
-    args = _parse([command, "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--seed", "5",
+    args = parse_args([command, "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--seed", "5",
                    "--max-new-tokens", "9", "device=cpu"])
     config = _load(args, _flag_sources(args))
     assert (config.temperature, config.top_p, config.top_k, config.seed, config.max_new_tokens) == (0.7, 0.9, 20, 5, 9)
@@ -40,7 +33,7 @@ def test_sampling_flags_set_their_config_keys(command):
 def test_a_flag_wins_over_a_config_file(tmp_path):
     path = tmp_path / "warm.yaml"
     path.write_text("temperature: 0.2\ntop_k: 3\n")
-    args = _parse(["generate", "--config", str(path), "--temperature", "1.1"])
+    args = parse_args(["generate", "--config", str(path), "--temperature", "1.1"])
     config = _load(args, _flag_sources(args))
     assert (config.temperature, config.top_k) == (1.1, 3)
 

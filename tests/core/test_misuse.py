@@ -35,17 +35,9 @@ from tileinfer.errors import ConfigError, UsageError
 from tileinfer.interfaces import Attention, RunSpec, SamplingParams
 from tileinfer.notices import notice
 from tileinfer.registry import build_registry, plugin_manager
+from conftest import REFERENCE_CPU as BASE, run_cli as run
 
-# the reference implementations, eager: what these tests mean (the default config is the Triton engine)
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
-        "cuda_graphs=false", "pipelined=false"]
 IDS = [5, 6, 7, 8]
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def run_captured(*argv) -> tuple[int, str, str]:

@@ -17,9 +17,8 @@ import uvicorn
 
 import tileinfer
 from tileinfer.server import create_app
+from conftest import REFERENCE_CPU as BASE
 
-BASE = ["device=cpu", "dtype=float32", "kv_page_size=16", "linear=reference", "attention=reference",
-        "cuda_graphs=false", "pipelined=false"]
 KEY = "sk-test-key"
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick brown fox",
            "print(", "x = 1", "return a + b"]

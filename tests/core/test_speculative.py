@@ -9,21 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-import tileinfer
+from conftest import reference_engine, repetitive_prompt
 from tileinfer.interfaces import Draft, Proposer, SamplingParams
 from tileinfer.plugins.reference.sampler import ReferenceSampler
 from tileinfer.speculative import verify_greedy, verify_sampled
 
 
 
-def engine(folder, **kw):
-    return tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32", kv_page_size=16,
-                                        progress=False, **kw)
-
-
-def repetitive_prompt() -> list[int]:
-    base = list(range(10, 30))
-    return base + base + base[:7]  # 47 tokens, not a multiple of the page size
+engine = reference_engine
 
 
 # -- greedy speculation == greedy decoding -------------------------------------------------------------

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import tileinfer
+from conftest import reference_engine, repetitive_prompt
 from tileinfer.cli import main
 from tileinfer.errors import ConfigError
 from tileinfer.interfaces import SamplingParams, Step
@@ -33,13 +33,7 @@ def engine(folder, draft=None, **kw):
     if draft is not None:
         kw.setdefault("proposer", "draft")
         kw["options"] = {"draft": {"model": str(draft), **kw.pop("draft_options", {})}}
-    return tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32", kv_page_size=16,
-                                        progress=False, **kw)
-
-
-def repetitive_prompt() -> list[int]:
-    base = list(range(10, 30))
-    return base + base + base[:7]  # 47 tokens, not a multiple of the page size
+    return reference_engine(folder, **kw)
 
 
 @pytest.fixture(scope="module")

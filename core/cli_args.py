@@ -1,0 +1,123 @@
+"""The ``tileinfer`` command's arguments: the parser of every subcommand, and their parsing with
+``KEY=VALUE`` overrides anywhere among the options. Its errors are one-line UsageErrors."""
+
+from __future__ import annotations
+
+import argparse
+
+from tileinfer.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", action="append", default=[], metavar="FILE",
+                        help="YAML file, or the name of a shipped config (reference, eager), merged over "
+                             "configs/default.yaml (repeatable, later wins)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="config overrides, e.g. device=cuda linear=reference options.triton.pdl=false")
+
+
+# The sampling flags and the config keys they set (a flag and its KEY=VALUE together: a usage error).
+SAMPLING_FLAGS = {"temperature": float, "top_p": float, "top_k": int, "seed": int}
+
+
+def _model_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", help="Hugging Face Qwen3 checkpoint folder, taken verbatim (config "
+                        "key model; default: the shipped models/target)")
+
+
+def _generation_flags(parser: argparse.ArgumentParser, per_request: bool = False) -> None:
+    """--max-new-tokens and the sampling flags; ``per_request``: the server's defaults, which a
+    request's own fields override. (Their defaults are the config's: ``tileinfer config`` shows them.)"""
+    tail = "; the default of requests that do not set it" if per_request else ""
+    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+                        help=f"tokens to generate at most (config key max_new_tokens{tail})")
+    parser.add_argument("--temperature", type=float, metavar="T",
+                        help=f"sampling temperature, 0 is greedy (config key temperature{tail})")
+    parser.add_argument("--top-p", type=float, metavar="P",
+                        help=f"nucleus sampling, 1 is off (config key top_p{tail})")
+    parser.add_argument("--top-k", type=int, metavar="K",
+                        help=f"sample from the K most likely tokens, 0 is off (config key top_k{tail})")
+    parser.add_argument("--seed", type=int, metavar="N",
+                        help=f"seed of the sampler, set again at each generation (config key seed{tail})")
+
+
+def _global(parser: argparse.ArgumentParser, main: bool) -> None:
+    """--debug and --quiet, before or after the command (the command's copies leave the value the
+    main parser set when they are not given)."""
+    hide = {} if main else {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
+    parser.add_argument("--debug", action="store_true", **{"help": "show tracebacks on errors", **hide})
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        **{"help": "print no notices (settings with no effect here, choices made for you)", **hide})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tileinfer", description="Qwen3 inference composed from plugins by a config.")
+    _global(parser, main=True)
+    parser.add_argument("--version", action="store_true", help="print tileinfer's version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt",
+                         description="Generate from a prompt with the model and implementations the config names.")
+    _model_flag(gen)
+    source = gen.add_mutually_exclusive_group()
+    source.add_argument("--prompt", metavar="TEXT", help="prompt text ('-' reads standard input)")
+    source.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, e.g. 1,2,3")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
+    _generation_flags(gen)
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object (token_ids, text, stats) and nothing else on stdout")
+    _global(gen, main=False)
+    _common(gen)
+
+    chat = sub.add_parser("chat", help="chat in the terminal, multi-turn, with the model's chat template",
+                          description="An interactive chat: each turn is rendered with the checkpoint's chat template "
+                          "with the history (the oldest turns dropped when the context is full). /reset clears "
+                          "the history, /exit or Ctrl-D quits, Ctrl-C stops the reply being written.")
+    _model_flag(chat)
+    chat.add_argument("--system", metavar="TEXT", help="system prompt, kept through /reset")
+    _generation_flags(chat)
+    _global(chat, main=False)
+    _common(chat)
+
+    serve = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (needs tileinfer[serve])",
+                           description="Serve POST /v1/chat/completions and /v1/completions (streaming with "
+                           "server-sent events), GET /v1/models and GET /health. One request runs at a time, in "
+                           "arrival order; the others wait in a bounded queue (503 when it is full).")
+    _model_flag(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--queue", type=int, default=16, metavar="N",
+                       help="requests that may wait behind the one running (default 16); more get 503")
+    serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 requests "
+                       "(default: the environment variable TILEINFER_API_KEY; none when unset)")
+    _generation_flags(serve, per_request=True)
+    _global(serve, main=False)
+    _common(serve)
+
+    plugins = sub.add_parser("plugins", help="list every registered implementation per interface, with its options")
+    plugins.add_argument("--json", action="store_true", help="print a JSON list")
+    _global(plugins, main=False)
+
+    config = sub.add_parser("config", help="print the resolved config as YAML (auto values resolved, options "
+                            "filled in, checked as generate checks it)")
+    _global(config, main=False)
+    _common(config)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The arguments, with ``KEY=VALUE`` overrides anywhere among the options (argparse takes them
+    only in one run: ``generate device=cpu --model DIR seed=3`` would leave ``seed=3`` over)."""
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    unknown = [item for item in rest if not (hasattr(args, "overrides") and "=" in item and not item.startswith("-"))]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest:
+        args.overrides = [*args.overrides, *rest]
+    return args
