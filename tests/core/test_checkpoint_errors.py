@@ -1,16 +1,13 @@
-"""A corrupt checkpoint is one CheckpointError at load, naming the file and the tensor or key:
-non-finite or unreadable weights, metadata of the wrong JSON type or range, an unreadable
-tokenizer; and what a run allocates for positions is sized by what it can reach. Each class
-through the API and the CLI (one ``error:`` line, no traceback), config.json keys also by
-property (any JSON value: read as given, or CheckpointError)."""
+"""Checkpoint metadata of the wrong JSON type or range is one CheckpointError at load, naming the
+file and the key (config.json, generation_config.json, tokenizer files, the safetensors index),
+through the API and the CLI (one ``error:`` line, no traceback), config.json keys also by property
+(any JSON value: read as given, or CheckpointError); and what a run allocates for positions is
+sized by what it can reach."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
-import shutil
-import struct
 import tempfile
 from pathlib import Path
 
@@ -18,187 +15,24 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import load_file, save_file
 
-import tileinfer
 from tileinfer.cli import main
 from tileinfer.errors import CheckpointError
 from tileinfer.loading import CheckpointReader
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import LIMITS, ModelConfig
 from tileinfer.registry import build_registry
+from checkpoint_edits import cli, copies, fails, load
 
 CPU = torch.device("cpu")
 
 
-def load(folder: Path):
-    return tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32",
-                                        progress=False)
-
-
-def cli(folder: Path, capsys, *extra: str) -> str:
-    """Run ``tileinfer generate`` on ``folder``; the one stderr line (after checking exit status 1)."""
-    capsys.readouterr()
-    status = main(["generate", "--model", str(folder), "--prompt-ids", "1,2,3", "--max-new-tokens", "2",
-                   "--config", "reference", "device=cpu", "dtype=float32", *extra])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert status == 1, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0].removeprefix("error: ")
-
-
-def fails(folder: Path, file: str, *words: str) -> str:
-    """Loading ``folder`` raises one CheckpointError line that starts with the path of ``file``
-    and contains ``words``; the message."""
-    with pytest.raises(CheckpointError) as info:
-        load(folder)
-    message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith(f"{folder / file}: "), message
-    for word in words:
-        assert word in message, message
-    return message
-
-
 @pytest.fixture
 def copy_of(tmp_path, checkpoint_factory):
-    count = iter(range(1000))
-
-    def make(**kw) -> Path:
-        target = tmp_path / f"ckpt{next(count)}"
-        shutil.copytree(checkpoint_factory(**kw), target)
-        return target
-    return make
+    return copies(tmp_path, checkpoint_factory)
 
 
-def shard_of(folder: Path, name: str) -> Path:
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return folder / json.loads(index.read_text())["weight_map"][name]
-    return folder / "model.safetensors"
-
-
-def poke(folder: Path, name: str, value: float, where: int = -1) -> str:
-    """Set one element of tensor ``name`` to ``value`` in place; the file's name."""
-    file = shard_of(folder, name)
-    tensors = load_file(file)
-    tensors[name].view(-1)[where] = value
-    save_file(tensors, file, metadata={"format": "pt"})
-    return file.name
-
-
-# ---- 1. non-finite and unreadable weights --------------------------------------------------------
-
-@pytest.mark.parametrize("shard", [False, True], ids=["single", "sharded"])
-@pytest.mark.parametrize("name,value,where", [
-    ("model.layers.1.mlp.down_proj.weight", math.nan, 77),
-    ("model.layers.0.self_attn.k_proj.weight", math.inf, 0),
-    ("model.embed_tokens.weight", -math.inf, -1),
-    ("model.layers.0.self_attn.q_norm.weight", math.nan, 3),
-    ("model.norm.weight", math.nan, -1),
-    ("lm_head.weight", math.inf, 1000),
-])
-def test_non_finite_weight(copy_of, shard, name, value, where):
-    folder = copy_of(shard=shard)
-    file = poke(folder, name, value, where)
-    fails(folder, file, f"tensor {name} holds non-finite values (NaN or inf)")
-
-
-def test_non_finite_weight_tied_and_bf16(copy_of):
-    folder = copy_of(tie=True)
-    fails(folder, poke(folder, "model.embed_tokens.weight", math.nan, 5), "tensor model.embed_tokens.weight")
-    folder = copy_of()
-    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(folder / "model.safetensors").items()}
-    tensors["model.layers.1.self_attn.o_proj.weight"][2, 3] = math.inf
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    fails(folder, "model.safetensors", "tensor model.layers.1.self_attn.o_proj.weight holds non-finite")
-
-
-def overwrite_data(file: Path, seed: int, start: int = 0) -> None:
-    """Random bytes over the data of ``file`` from byte ``start`` on, its header left intact."""
-    raw = bytearray(file.read_bytes())
-    begin = 8 + struct.unpack("<Q", raw[:8])[0] + start
-    raw[begin:] = random.Random(seed).randbytes(len(raw) - begin)
-    file.write_bytes(bytes(raw))
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_bytes_after_an_intact_header(copy_of, seed):
-    folder = copy_of()
-    overwrite_data(folder / "model.safetensors", seed)
-    fails(folder, "model.safetensors", "holds non-finite values (NaN or inf)", "tensor model.")
-
-
-def test_random_bytes_in_one_shard(copy_of):
-    folder = copy_of(shard=True)
-    file = shard_of(folder, "model.layers.1.mlp.up_proj.weight")
-    overwrite_data(file, 5)
-    message = fails(folder, file.name, "holds non-finite values")
-    name = message.split(": tensor ")[1].split()[0]
-    assert shard_of(folder, name) == file  # the first tensor read from that shard
-
-
-def test_overflow_when_cast_to_the_model_dtype(copy_of):
-    """A float32 weight finite in the file but beyond float16's range: named, not loaded as inf."""
-    folder = copy_of()
-    poke(folder, "model.layers.0.mlp.gate_proj.weight", 1e6, 10)
-    config = ModelConfig.from_folder(folder)
-    reader = CheckpointReader(folder, config, CPU, torch.float16)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.gate_proj\.weight "
-                                              r"overflows float16"):
-        reader.tensor("model.layers.0.mlp.gate_proj.weight")
-    assert torch.isfinite(reader.tensor("model.layers.0.mlp.up_proj.weight")).all()
-
-
-def header_of(file: Path) -> tuple[dict, int]:
-    raw = file.read_bytes()
-    size = struct.unpack("<Q", raw[:8])[0]
-    return json.loads(raw[8:8 + size]), 8 + size
-
-
-@pytest.mark.parametrize("shard", [False, True], ids=["single", "sharded"])
-def test_truncated_file_names_the_tensor(copy_of, shard):
-    folder = copy_of(shard=shard)
-    file = shard_of(folder, "model.norm.weight")
-    header, begin = header_of(file)
-    last = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
-    data = file.read_bytes()
-    file.write_bytes(data[:len(data) - 10])
-    fails(folder, file.name, "cannot read safetensors: truncated", f"tensor {last} needs bytes")
-
-
-@pytest.mark.parametrize("cut", [0, 5, 8, 20])
-def test_file_cut_inside_its_header(copy_of, cut):
-    folder = copy_of()
-    data = (folder / "model.safetensors").read_bytes()
-    (folder / "model.safetensors").write_bytes(data[:cut])
-    fails(folder, "model.safetensors", "cannot read safetensors")
-
-
-def test_header_that_does_not_match_its_data(copy_of):
-    folder = copy_of()
-    file = folder / "model.safetensors"
-    header, begin = header_of(file)
-    header["model.norm.weight"]["shape"] = [65]
-    body = json.dumps(header).encode()
-    file.write_bytes(struct.pack("<Q", len(body)) + body + file.read_bytes()[begin:])
-    fails(folder, "model.safetensors", "cannot read safetensors", "tensor model.norm.weight")
-
-
-def test_non_finite_weight_cli(copy_of, capsys):
-    folder = copy_of()
-    poke(folder, "model.layers.1.mlp.down_proj.weight", math.nan, 9)
-    assert cli(folder, capsys) == (f"{folder / 'model.safetensors'}: tensor model.layers.1.mlp.down_proj.weight "
-                                   "holds non-finite values (NaN or inf)")
-    folder = copy_of(shard=True)
-    file = shard_of(folder, "model.norm.weight")
-    file.write_bytes(file.read_bytes()[:-4])
-    assert cli(folder, capsys).startswith(f"{file}: cannot read safetensors: truncated: tensor ")
-
-
-# ---- 2. metadata of the wrong JSON type or range -------------------------------------------------
+# ---- metadata of the wrong JSON type or range -------------------------------------------------
 
 def edit_json(folder: Path, file: str, change) -> None:
     path = folder / file
@@ -473,7 +307,7 @@ def test_any_json_file(tmp_path, value, name):
         assert str(exc).startswith(f"{folder}") and "\n" not in str(exc)
 
 
-# ---- 4. positions: the RoPE table sized by what the run reaches ----------------------------------
+# ---- positions: the RoPE table sized by what the run reaches ----------------------------------
 
 def build(folder: Path, **kw) -> Qwen3Model:
     registry = build_registry()

@@ -3,8 +3,7 @@ one ``error:`` line on stderr, nothing on stdout), never a silent wrong answer.
 
 Per class: the model path taken verbatim; float settings finite and in range, sampling robust at
 the ends of the range; ``tileinfer config`` and ``generate`` accepting the same values (with
-property tests over config values and prompt ids); a reader of stdout that goes away; notices
-after the engine was built and silenced by ``--quiet``; the prompt checked before any weight.
+property tests over config values and prompt ids). tests/core/test_cli_output.py has the rest.
 """
 
 from __future__ import annotations
@@ -12,12 +11,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,18 +22,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import tileinfer
-import tileinfer.engine as engine_module
 from tileinfer.backends.reference.sampling import sampling_probs
 from tileinfer.cli import main
 from tileinfer.config import load_config, resolve_config
-from tileinfer.errors import ConfigError, UsageError
+from tileinfer.errors import ConfigError
 from tileinfer.interfaces import Attention, RunSpec, SamplingParams
-from tileinfer.notices import notice
 from tileinfer.registry import build_registry, plugin_manager
+from cli_checks import IDS, assert_one_error, generate_json
 from conftest import REFERENCE_CPU as BASE, run_cli as run
-
-IDS = [5, 6, 7, 8]
-
 
 def run_captured(*argv) -> tuple[int, str, str]:
     """``main`` with stdout and stderr captured without pytest's function-scoped fixtures (for
@@ -49,21 +40,6 @@ def run_captured(*argv) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def assert_one_error(code: int, out: str, err: str, *words: str, status: int = 2) -> None:
-    assert code == status, (code, err)
-    assert out == ""
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert "Traceback" not in err
-    for word in words:
-        assert word in err, err
-
-
-def generate_json(capsys, *argv, prompt: tuple[str, ...] = ("--prompt-ids", ",".join(map(str, IDS)))) -> list[int]:
-    code, out, err = run(capsys, "generate", *prompt, "--max-new-tokens", "4", "--json", *BASE, *argv)
-    assert code == 0, err
-    return json.loads(out)["token_ids"]
-
-
 @pytest.fixture(scope="module")
 def expected(tiny_checkpoint) -> list[int]:
     """The greedy tokens of the tiny checkpoint for IDS, through the API."""
@@ -71,7 +47,7 @@ def expected(tiny_checkpoint) -> list[int]:
     return engine.generate(IDS, max_new_tokens=4).token_ids
 
 
-# -- 1. the model path is a path, verbatim ---------------------------------------------------------
+# -- the model path is a path, verbatim ---------------------------------------------------------
 
 ODD_NAMES = ["a #b", "x: y", "${HOME}", "${oc.env:HOME}", "null", "~", "???", "a=b", "[1, 2]", "{a: 1}", "true",
              "123", "1e3", " #", "'quoted'", "!!python/none"]
@@ -157,7 +133,7 @@ def test_api_takes_the_model_verbatim(odd_folders, expected):
     assert load_config([{"model": None}]).model is None  # the shipped model, from a mapping as from a file
 
 
-# -- 2. float settings finite and in range; sampling robust at the ends --------------------------
+# -- float settings finite and in range; sampling robust at the ends --------------------------
 
 BAD_SAMPLING = ["temperature=nan", "temperature=inf", "temperature=-inf", "temperature=-0.5", "temperature=1e400",
                 "top_p=0", "top_p=1.5", "top_p=nan", "top_p=-inf", "min_p=1", "min_p=-0.1", "min_p=nan",
@@ -237,7 +213,7 @@ def test_sampling_probs_keeps_top_k_when_the_temperature_flattens_everything():
     assert torch.allclose(probs, torch.tensor([[0.0] * 7 + [1 / 3] * 3]))
 
 
-# -- 3. config accepts exactly what generate accepts ----------------------------------------------
+# -- config accepts exactly what generate accepts ----------------------------------------------
 
 def test_config_checks_the_model_folder_as_generate_does(capsys):
     assert_one_error(*run(capsys, "config", "model=/no/such/folder"), "model folder not found: /no/such/folder")
@@ -358,141 +334,3 @@ def test_prompt_ids_are_generated_from_or_one_error(tiny_checkpoint, ids):
         assert len(json.loads(out)["token_ids"]) == 2
     else:
         assert_one_error(code, out, err)
-
-
-# -- 4. a reader that goes away --------------------------------------------------------------------
-
-def _cli(*argv: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": ""}
-    return subprocess.Popen([sys.executable, "-m", "tileinfer.cli", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env, **kw)
-
-
-@pytest.mark.parametrize("argv", [["plugins"], ["config"], ["plugins", "--json"]])
-def test_a_closed_pipe_ends_quietly_with_status_141(argv):
-    process = _cli(*argv)
-    process.stdout.close()  # the reader is gone before the command writes (it is still importing)
-    err = process.stderr.read().decode()
-    assert process.wait(timeout=120) == 141
-    assert err == ""
-
-
-def test_a_pipe_closed_after_one_line_mid_generation(tiny_checkpoint):
-    process = _cli("generate", "--model", str(tiny_checkpoint), "--prompt", "def add(a, b):",
-                   "--max-new-tokens", "300", *BASE)
-    assert process.stdout.read(1)  # the first text streamed, then the reader goes away as `head -c 1` does
-    process.stdout.close()
-    err = process.stderr.read().decode()
-    assert process.wait(timeout=120) == 141
-    assert err == ""  # no error, no traceback, no stats: nothing after the pipe broke
-
-
-# -- 5. notices: after the engine was built, silenced by --quiet -----------------------------------
-
-def test_notice_logs_a_warning_to_the_tileinfer_logger(caplog):
-    with caplog.at_level(logging.WARNING, logger="tileinfer"):
-        notice("something had no effect")
-    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
-        ("tileinfer", logging.WARNING, "something had no effect")]
-
-
-@pytest.fixture
-def noticing_engine(monkeypatch):
-    """The engine logs a notice while it is built (as it does for settings with no effect here)."""
-    original = tileinfer.Engine._build_decoder
-
-    def build_decoder(self):
-        notice("a test setting has no effect here")
-        return original(self)
-
-    monkeypatch.setattr(tileinfer.Engine, "_build_decoder", build_decoder)
-    return monkeypatch
-
-
-def test_notices_print_after_the_engine_was_built(capsys, tiny_checkpoint, noticing_engine):
-    code, out, err = run(capsys, "generate", "--model", str(tiny_checkpoint), "--prompt", "def", "--max-new-tokens",
-                         "3", *BASE)
-    assert code == 0, err
-    lines = err.splitlines()
-    assert lines[0] == "notice: a test setting has no effect here" and "3 tokens" in lines[-1]
-
-
-@pytest.mark.parametrize("before, after", [(["-q"], []), (["--quiet"], []), ([], ["-q"]), ([], ["--quiet"])])
-def test_quiet_silences_notices(capsys, tiny_checkpoint, noticing_engine, before, after):
-    code, out, err = run(capsys, *before, "generate", *after, "--model", str(tiny_checkpoint), "--prompt", "def",
-                         "--max-new-tokens", "3", *BASE)
-    assert code == 0, err
-    assert "notice" not in err and err.count("\n") == 1  # the stats only
-
-
-def test_an_error_after_a_notice_is_the_only_line(capsys, tiny_checkpoint, monkeypatch):
-    def build_decoder(self):
-        notice("a test setting has no effect here")
-        raise UsageError("the engine cannot be built")
-
-    monkeypatch.setattr(tileinfer.Engine, "_build_decoder", build_decoder)
-    code, out, err = run(capsys, "generate", "--model", str(tiny_checkpoint), "--prompt", "def", *BASE)
-    assert err == "error: the engine cannot be built\n" and out == "" and code == 2
-
-
-def test_the_api_gets_notices_through_logging(caplog, tiny_checkpoint, noticing_engine):
-    with caplog.at_level(logging.WARNING, logger="tileinfer"):
-        tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", progress=False)
-    assert "a test setting has no effect here" in caplog.messages
-
-
-@pytest.mark.skipif(not hasattr(engine_module, "notice"),
-                    reason="core/engine.py still prints its notices instead of calling notice()")
-def test_the_engines_own_notices_go_through_logging(capsys, caplog, tiny_checkpoint):
-    argv = ["generate", "--model", str(tiny_checkpoint), "--prompt", "def", "--max-new-tokens", "2", "device=cpu"]
-    code, _, err = run(capsys, *argv)
-    assert code == 0 and err.startswith("notice: cuda_graphs and pipelined have no effect on device cpu")
-    code, _, err = run(capsys, "-q", *argv)
-    assert code == 0 and "notice" not in err
-    with caplog.at_level(logging.WARNING, logger="tileinfer"):
-        tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cpu", progress=False)
-    assert any("no effect on device cpu" in m for m in caplog.messages)
-
-
-# -- 6. the prompt is checked before any weight ----------------------------------------------------
-
-@pytest.fixture
-def no_loading(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the engine was built (weights read) before the prompt was checked")
-
-    monkeypatch.setattr(tileinfer.Engine, "__init__", refuse)
-
-
-@pytest.mark.parametrize("argv, words", [
-    (["--prompt", ""], ["the prompt is empty"]),
-    (["--prompt-ids", ""], ["the prompt is empty"]),
-    (["--prompt-ids", ","], ["the prompt is empty"]),
-    (["--prompt", "\udcff"], ["not valid UTF-8"]),  # what Python makes of argv byte 0xff (surrogateescape)
-    (["--prompt", "ok \udce9 then"], ["not valid UTF-8"]),
-    (["--prompt-ids", "5,320"], ["token id 320", "vocabulary"]),
-    (["--prompt-ids", "-1"], ["token id -1"]),
-    (["--prompt-ids", str(2**70)], ["vocabulary"]),
-    (["--prompt-ids", ",".join(["5"] * 500), "--max-new-tokens", "20"], ["520 positions"]),
-    (["--prompt", "hi", "--max-new-tokens", "600"], ["positions", "max_position_embeddings"]),
-    (["--prompt-ids", "1,2", "--max-new-tokens", "10", "kv_capacity=8"], ["kv_capacity (8)"]),
-    (["--prompt-ids", "1,2", "--chat"], ["--chat"]),
-])
-def test_a_bad_prompt_fails_before_loading(capsys, tiny_checkpoint, no_loading, argv, words):
-    code, out, err = run(capsys, "generate", "--model", str(tiny_checkpoint), *BASE, *argv)
-    assert_one_error(code, out, err, *words)
-
-
-def test_standard_input_is_decoded_strictly(capsys, monkeypatch, tiny_checkpoint, no_loading):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"def f():\n\xff\xfe")))
-    code, out, err = run(capsys, "generate", "--model", str(tiny_checkpoint), "--prompt", "-", *BASE)
-    assert_one_error(code, out, err, "standard input is not valid UTF-8 (byte 0xff at offset 9)")
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
-    assert_one_error(*run(capsys, "generate", "--model", str(tiny_checkpoint), "--prompt", "-", *BASE), "empty")
-
-
-def test_standard_input_gives_the_same_text_as_the_argument(capsys, monkeypatch, tiny_checkpoint):
-    prompt = "def add(a, b): # é"
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(prompt.encode())))
-    from_stdin = generate_json(capsys, "--model", str(tiny_checkpoint), prompt=("--prompt", "-"))
-    assert from_stdin == generate_json(capsys, "--model", str(tiny_checkpoint), prompt=("--prompt", prompt))

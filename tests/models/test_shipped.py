@@ -1,4 +1,4 @@
-"""The shipped models (models/target, models/draft; made by models/make_all.py, issue 6): they load
+"""The shipped models (models/target, models/draft; made by models/make_all.py): they load
 in tileinfer, greedy output is deterministic and equals transformers' (float32, CPU), they share
 the tokenizer and fit the size budget, and n-gram speculation accepts drafts on the EDIT task of
 bench/prompts.py. Each test skips while its model folder is not there yet."""
