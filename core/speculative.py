@@ -19,10 +19,12 @@ def finite_or(tokens: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(logits).all(-1), tokens, -1)
 
 
-def verify_greedy(draft: list[int], logits: torch.Tensor) -> list[int]:
-    """Keep the longest prefix of ``draft`` equal to the target's argmax, then the target's token
-    (-1 for a row whose logits are not finite: it rejects any draft and the decoder stops there)."""
-    target = finite_or(logits.argmax(-1), logits).tolist()
+def verify_greedy(draft: list[int], logits: torch.Tensor, sampler: Sampler | None = None) -> list[int]:
+    """Keep the longest prefix of ``draft`` equal to the target's greedy tokens (the argmax, or
+    ``sampler.sample``'s, which may apply penalties from the history), then the target's token (-1
+    for a row whose logits are not finite: it rejects any draft and the decoder stops there)."""
+    greedy = sampler.sample(logits).tokens if sampler is not None else logits.argmax(-1)
+    target = finite_or(greedy, logits).tolist()
     accepted = 0
     while accepted < len(draft) and draft[accepted] == target[accepted]:
         accepted += 1
@@ -55,3 +57,23 @@ def verify_sampled(draft: list[int], draft_probs: torch.Tensor | None, logits: t
     else:
         extra = sampler.draw(p[k:])
     return draft[:accepted] + [int(extra)]
+
+
+class DraftLength:
+    """How many tokens to draft at each step: ``spec_k`` always (``adaptive=False``), or chosen from
+    the last step's acceptance (``adaptive=True``): two more after a step that accepted its whole
+    draft, one fewer after a step that rejected part of it, between 1 and ``spec_k`` (the schedule
+    transformers' assisted generation calls "heuristic"). It starts at ``spec_k`` each generation."""
+
+    def __init__(self, spec_k: int, adaptive: bool = False) -> None:
+        self.spec_k, self.adaptive = spec_k, adaptive
+        self.k = spec_k
+
+    def reset(self) -> None:
+        self.k = self.spec_k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """After a verify step of ``drafted`` draft tokens, ``accepted`` of them kept."""
+        if not self.adaptive or drafted == 0:
+            return
+        self.k = min(self.spec_k, self.k + 2) if accepted == drafted else max(1, self.k - 1)

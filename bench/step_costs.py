@@ -1,0 +1,123 @@
+"""What one decode or verify step costs: ms per step of T tokens after N cached positions.
+
+    python bench/step_costs.py [--shape NAME]... [--variant NAME]... [--tokens 1,2,4,8,16]
+                               [--contexts 1024,8192] [--out DIR]
+
+For each shape and variant the engine is built once (its KV pool sized for the longest context),
+a random prompt of N tokens is prefilled, and then the step runner the engine decodes with (CUDA
+graphs in the default config) is called with T tokens at position N, over and over, each call
+timed with CUDA events after a warm-up (``timing.median_seconds``, median of 50). Every call writes
+the same positions N .. N+T-1, so every call is the same step. Records are the matrix's
+rows with workload ``step{T}_ctx{N}`` and unit ``ms``, plus ``ratio_to_step1`` (the step's cost over
+the 1-token step's at the same context, what divides every proposer's speedup) and
+``roofline_ms`` (the bytes a step reads, weights once plus the cached K and V, at the copy
+bandwidth measured in the same run). Without a GPU the shape is tiny and the contexts 32x shorter,
+which checks the script, not the figures. Writes ``step_costs.json`` under --out and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import torch  # noqa: E402
+
+import limits as limits_mod  # noqa: E402
+import records  # noqa: E402
+from roofline import decode_step_bytes  # noqa: E402
+from shapes import cpu_refusal, write_random_checkpoint  # noqa: E402
+from timing import median_seconds  # noqa: E402
+from variants import engine_args  # noqa: E402
+from workloads import EngineRunner, free_memory, random_prompt  # noqa: E402
+
+import tileinfer  # noqa: E402
+
+SCRATCH = Path("/tmp/tileinfer-checkpoints")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    gpu = torch.cuda.is_available()
+    p.add_argument("--shape", action="append", help="model shape (bench/shapes.py); default Qwen3-0.6B and "
+                   "Qwen3-4B on a GPU, tiny on a CPU")
+    p.add_argument("--variant", action="append", help="variant of bench/variants.py (default: default)")
+    p.add_argument("--tokens", default="1,2,4,8,16", help="tokens per step, comma-separated (default 1,2,4,8,16)")
+    p.add_argument("--contexts", default="1024,8192" if gpu else "32,256",
+                   help="cached positions before the step, comma-separated (default 1024,8192; 32,256 on a CPU)")
+    p.add_argument("--repeats", type=int, default=50 if gpu else 3, help="timed calls per step (median)")
+    p.add_argument("--checkpoints", type=Path, default=SCRATCH, help="where random checkpoints are written once")
+    p.add_argument("--commit", help="commit hash to record (default: git rev-parse of this checkout)")
+    p.add_argument("--out", type=Path, default=Path("bench/results/steps"), help="folder for step_costs.json")
+    args = p.parse_args(argv)
+    args.shape = args.shape or (["Qwen3-0.6B", "Qwen3-4B"] if gpu else ["tiny"])
+    args.variant = args.variant or ["default"]
+    args.tokens = [int(t) for t in args.tokens.split(",")]
+    args.contexts = [int(n) for n in args.contexts.split(",")]
+    if not gpu:
+        for shape in args.shape:
+            if reason := cpu_refusal(shape):
+                p.error(reason)
+    return args
+
+
+def step_ms(engine: tileinfer.Engine, tokens: int, context: int, repeats: int) -> float:
+    """Median ms of one step of ``tokens`` tokens after ``context`` cached positions."""
+    steps, kv = engine.decoder.steps, engine.kv
+    ids = torch.tensor(random_prompt(tokens, engine.model_config.vocab_size, seed=1), device=engine.device)
+
+    kv.reserve(context + tokens)
+    try:
+        with torch.inference_mode():
+            return median_seconds(lambda: steps.forward(ids, context), engine.device, repeats=repeats, warmup=3) * 1e3
+    finally:
+        kv.truncate(context)
+
+
+def measure_variant(folder: Path, shape: str, variant: str, args, env: dict) -> list[dict]:
+    sources, overrides = engine_args(variant)
+    runner = EngineRunner(folder, sources, overrides, max(args.contexts) + max(args.tokens))
+    engine, rows = runner.engine, []
+    mc = engine.model_config
+    layout = runner.layout()
+    try:
+        for n in args.contexts:
+            engine.generate(random_prompt(n, mc.vocab_size), max_new_tokens=1, ignore_eos=True)
+            engine.kv.truncate(n)
+            base = None
+            for t in args.tokens:
+                ms = step_ms(engine, t, n, args.repeats)
+                base = ms if t == 1 else base
+                roof = decode_step_bytes(mc, n, **layout) / (env["copy_bandwidth_tb_s"] * 1e12) * 1e3
+                rows.append({"shape": shape, "variant": variant, "peer": None, "workload": f"step{t}_ctx{n}",
+                             "value": ms, "unit": "ms", "tokens": t, "context": n,
+                             "ratio_to_step1": ms / base if base else None, "roofline_ms": roof,
+                             "roofline_fraction": roof / ms, "tflops": None, "peak_fraction": None, **env})
+                print(f"{shape:11} {variant:10} T={t:2} N={n:6} {ms:8.3f} ms  x{rows[-1]['ratio_to_step1'] or 0:5.2f}"
+                      f"  roofline {roof:.3f} ms ({roof / ms:.0%})", flush=True)
+    finally:
+        runner.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = records.environment(limits_mod.measure(device), args.commit)
+    rows = []
+    for shape in args.shape:
+        folder = write_random_checkpoint(shape, args.checkpoints / shape)
+        for variant in args.variant:
+            rows += measure_variant(folder, shape, variant, args, env)
+            free_memory()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step_costs.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""bench/step_costs.py on the CPU: every step of the grid is recorded as the matrix's rows are (the
+figures of a CPU say nothing; only that each row ran and holds what the GPU run reports)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import load_script
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke of the script")
+def test_every_step_of_the_grid_is_recorded(tmp_path):
+    steps = load_script("bench/step_costs.py", "tileinfer_bench_step_costs")
+    rows = steps.main(["--tokens", "1,3", "--contexts", "20,40", "--repeats", "1", "--out", str(tmp_path),
+                       "--checkpoints", str(tmp_path / "ckpt")])
+    assert [r["workload"] for r in rows] == ["step1_ctx20", "step3_ctx20", "step1_ctx40", "step3_ctx40"]
+    assert json.loads((tmp_path / "step_costs.json").read_text()) == rows
+    for r in rows:
+        assert r["unit"] == "ms" and r["shape"] == "tiny" and r["variant"] == "default"
+        assert math.isfinite(r["value"]) and r["value"] > 0
+        assert r["roofline_ms"] > 0 and r["roofline_fraction"] == pytest.approx(r["roofline_ms"] / r["value"])
+        base = next(b for b in rows if b["context"] == r["context"] and b["tokens"] == 1)
+        assert r["ratio_to_step1"] == pytest.approx(r["value"] / base["value"])
+
+
+def test_a_qwen3_shape_is_refused_on_a_cpu_in_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU runs the Qwen3 shapes")
+    steps = load_script("bench/step_costs.py", "tileinfer_bench_step_costs")
+    with pytest.raises(SystemExit):
+        steps.parse(["--shape", "Qwen3-4B"])
+    assert "needs a CUDA GPU" in capsys.readouterr().err
