@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# llama.cpp as a peer on the GPU machine: its source here, its build and llama-bench there.
+#
+# Here, once (needs the package index):
+#   bash bench/llamacpp.sh prepare
+# downloads the llama-cpp-python 0.3.36 sdist, keeps its vendored llama.cpp tree without the
+# models, docs and the ggml backends other than CPU and CUDA, and packs it as .peer/llama.cpp.tgz
+# (about 7 MB; .peer/ is ignored by git, carried to the GPU machine).
+# On the GPU machine (about 4 minutes of build, then about 1 minute per shape):
+#   run(command="COMMIT=abc1234 bash bench/llamacpp.sh bench Qwen3-0.6B Qwen3-4B", carry=[".peer", ".whl"])
+# builds llama-bench (CUDA, sm_90, Ninja), converts the same random checkpoint as bench/run.py uses
+# to a BF16 GGUF (bench/llamacpp_peer.py gguf), runs llama-bench at the matrix's sizes (pp1024 from an
+# empty cache; tg128 at depths 0 and 1024, flash attention, all layers on the GPU, 3 repetitions) and
+# writes the matrix's rows to $OUT/llamacpp/results.json (peer "llama.cpp").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VERSION=0.3.36
+TREE=llama_cpp_python-$VERSION/vendor/llama.cpp
+case "${1:-}" in
+prepare)
+  work=$(mktemp -d)
+  python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$work"
+  tar xzf "$work/llama_cpp_python-$VERSION.tar.gz" -C "$work"
+  tree=$work/$TREE
+  rm -rf "$tree"/{models,docs,media,tools/ui,benches,.github}
+  for b in cann openvino webgpu et metal hexagon sycl vulkan opencl virtgpu zdnn zendnn musa hip; do
+    rm -rf "$tree/ggml/src/ggml-$b"
+  done
+  mkdir -p "$tree/models" .peer
+  tar czf .peer/llama.cpp.tgz -C "$(dirname "$tree")" llama.cpp
+  rm -rf "$work"
+  ls -la .peer/llama.cpp.tgz ;;
+bench)
+  shift
+  (( $# )) || { echo "usage: bash bench/llamacpp.sh bench SHAPE..." >&2; exit 2; }
+  : "${OUT:?OUT: the folder whose files come back}"
+  [[ -f .peer/llama.cpp.tgz ]] || { echo "error: .peer/llama.cpp.tgz is missing: run 'bash bench/llamacpp.sh prepare' here and carry .peer" >&2; exit 2; }
+  source bench/device.sh setup || exit 1
+  build=/tmp/llamacpp && mkdir -p "$build" "$OUT/llamacpp"
+  tar xzf .peer/llama.cpp.tgz -C "$build"
+  began=$SECONDS
+  cmake -S "$build/llama.cpp" -B "$build/out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_CURL=OFF > "$OUT/llamacpp/build.log" 2>&1
+  cmake --build "$build/out" --target llama-bench -j16 >> "$OUT/llamacpp/build.log" 2>&1 \
+    || { tail -30 "$OUT/llamacpp/build.log"; exit 1; }
+  echo "llama-bench built in $((SECONDS - began)) s"
+  for shape in "$@"; do
+    python3 bench/llamacpp_peer.py gguf --shape "$shape" --tree "$build/llama.cpp" --out "$build/$shape.gguf"
+    "$build/out/bin/llama-bench" -m "$build/$shape.gguf" -p 1024 -n 128 -d 0,1024 -ngl 99 -fa 1 -r 3 -o json \
+      > "$build/$shape.json" 2> "$OUT/llamacpp/$shape.log"
+    cp "$build/$shape.json" "$OUT/llamacpp/$shape.bench.json"
+  done
+  python3 bench/llamacpp_peer.py records --commit "${COMMIT:?set COMMIT}" --out "$OUT/llamacpp/results.json" \
+    "$OUT"/llamacpp/*.bench.json ;;
+*)
+  echo "usage: bash bench/llamacpp.sh prepare | bench SHAPE..." >&2; exit 2 ;;
+esac
