@@ -42,7 +42,7 @@ VARIANTS: dict[str, list[str]] = {
     "eager-torch-matmul": [*EAGER, *TORCH_MATMUL],
     # The Triton kernels read model-dtype weights and pages only: the INT8 rows take the reference ones.
     "int8": ["quantize=int8", "linear=reference"],  # weight-only INT8
-    "int8-kv": ["kv_store=paged_int8", "attention=reference"],  # INT8 KV cache
+    "int8-kv": ["kv_store=paged_int8"],  # INT8 KV cache
     "ngram": ["proposer=ngram"],  # n-gram speculative decoding
 }
 QUANTIZED = ("int8", "int8-kv")  # the variants the summary table lists next to the default

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from tileinfer import hookimpl
-from tileinfer.backends.reference.kv_quant import dequantize_per_vector, key_smoothing, quantize_per_vector
+from tileinfer.backends.reference.kv_quant import dequantize_per_vector, key_smoothing, write_quantized
 from tileinfer.backends.reference.kv_write import write_pages
 from tileinfer.backends.reference.paged_attention import gather_pages
 from tileinfer.hookspecs import Implementation
@@ -54,12 +54,8 @@ class PagedInt8KVStore(KVStore):
             self.k_smooth = torch.stack([key_smoothing(w).to(self.device) for w in key_norm_weights])
 
     def write(self, layer, positions, k, v) -> None:
-        kq, ks = quantize_per_vector(k.float() / self.k_smooth[layer])
-        vq, vs = quantize_per_vector(v)
-        write_pages(self.k[layer], self.block_table, positions, kq)
-        write_pages(self.k_scale[layer], self.block_table, positions, ks)
-        write_pages(self.v[layer], self.block_table, positions, vq)
-        write_pages(self.v_scale[layer], self.block_table, positions, vs)
+        write_quantized(self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer], self.block_table,
+                        positions, k, v, self.k_smooth[layer])
 
     def layer(self, layer) -> LayerKV:
         return LayerKV(self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer], self.k_smooth[layer])

@@ -17,6 +17,10 @@ doing the same arithmetic does it with the same code, hence rounds alike.
   :func:`page_slot` (kv_write.py, attention_inputs.py).
 - The online-softmax tile loop of the paged attention: :func:`load_q_rows`, :func:`attend_tiles`
   (paged_attention_prefill.py, paged_attention_decode.py).
+- The INT8 KV cache (``LayerKV``'s int8 layout): the quantizer of backends/reference/kv_quant.py,
+  :func:`int8_scale` and :func:`quantize_int8` (attention_inputs.py, kv_write.py); the query scaled
+  by the key smoothing, :func:`smooth_q`, and the tile loop over int8 pages, :func:`attend_tiles_int8`
+  (the paged attention kernels).
 
 Every function returns once, at its end: the compiler would also build the code after a return
 inside a constexpr branch.
@@ -216,3 +220,114 @@ def load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
     if UPCAST:
         q = q.to(tl.float32)
     return q, tok, head, row_ok
+
+
+# -- the INT8 KV cache ------------------------------------------------------------------------------
+
+
+@triton.jit
+def int8_scale(amax):
+    """Per-vector scale of symmetric INT8 from the float32 absmax: ``max(amax, 1e-12) * float32(1 /
+    127)``, as ``quantize_per_vector`` computes it."""
+    return tl.maximum(amax, 1e-12) * (1.0 / 127.0)
+
+
+@triton.jit
+def quantize_int8(x, scale):
+    """``round_half_even(x / scale)`` clamped to ``[-127, 127]``, as int8, from float32 ``x`` and a
+    ``scale`` that broadcasts against it: an IEEE division (``div_rn``; Triton's ``/`` is an
+    approximate one on the GPU), then rounding by adding and subtracting 1.5 * 2**23 (exact for
+    ``|x / scale| < 2**22``, in the interpreter too, where libdevice's ``rint`` does not run). The
+    kernels that call it are compiled without FMA contraction."""
+    y = tl.math.div_rn(x, scale)
+    y = (y + 12582912.0) - 12582912.0
+    y = tl.minimum(tl.maximum(y, -127.0), 127.0)
+    return y.to(tl.int8)
+
+
+@triton.jit
+def smooth_q(q, smooth_ptr, offs_d, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    """``round(q * k_smooth)`` to DTYPE (q's dtype), as the reference attention scales the query when
+    the cache holds ``k / k_smooth``; float32 again where UPCAST (the interpreter's bf16)."""
+    s = tl.load(smooth_ptr + offs_d)
+    q = (q.to(tl.float32) * s[None, :]).to(DTYPE)
+    if UPCAST:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _int8_tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs, stride_sp,
+                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """:func:`_tile_rows` plus the offsets of the keys' scales (``[P, Hkv, page_size]``, slots
+    contiguous, K's and V's alike)."""
+    if BLOCK_N <= PAGE_SIZE:
+        page = tl.load(bt_ptr + n0 // PAGE_SIZE, mask=n0 < hi, other=0).to(tl.int64)
+        slot = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
+    else:
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_ptr + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
+        slot = offs_n % PAGE_SIZE
+    return page * stride_kp + slot * stride_ks, page * stride_vp + slot * stride_vs, page * stride_sp + slot
+
+
+@triton.jit
+def _load_int8_tile(base, scale_base, rows, srows, offs_d, valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
+    """An int8 ``[BLOCK_N, D]`` tile converted to DTYPE (exact: |int8| <= 127) and its ``[BLOCK_N]``
+    float32 scales; 0 for keys not ``valid`` where MASKED."""
+    ptrs = base + rows[:, None] + offs_d[None, :]
+    if MASKED:
+        x = tl.load(ptrs, mask=valid[:, None], other=0)
+        scale = tl.load(scale_base + srows, mask=valid, other=0.0)
+    else:
+        x = tl.load(ptrs)
+        scale = tl.load(scale_base + srows)
+    return x.to(DTYPE), scale
+
+
+@triton.jit
+def _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, hi, qk_scale,
+                       MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    # Scores of the int8 keys, then each key's scale: q.(k8 * s) = (q.k8) * s.
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_scale * qk_scale)[None, :]
+    if MASKED:
+        visible = (offs_n[None, :] <= qpos[:, None]) & (offs_n < hi)[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = m_new
+    p = tl.math.exp2(s - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # P.(v8 * s) = (P * s).v8: each value's scale goes into its column of P before P's rounding,
+    # times 128 (exact, undone after the dot) so that P * s ~ P * absmax(v) keeps float16 clear of
+    # its subnormals (s alone is ~absmax / 127: P * s would lose bits where P < 1e-2).
+    pv = (p * (v_scale * 128.0)[None, :]).to(v.dtype)
+    acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION) * (1.0 / 128.0)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks,
+                      stride_vp, stride_vs, stride_sp, qpos, lo, hi, qk_scale, offs_d,
+                      MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    """:func:`attend_tiles` over int8 pages with one float32 scale per cached vector (``ks_base``,
+    ``vs_base``: the kv head's ``[P, page_size]`` scales, page stride ``stride_sp``): each tile is
+    converted to q's dtype in registers, the key scales multiply the scores (with ``qk_scale``) and
+    the value scales multiply ``P`` before its rounding to q's dtype for the second ``tl.dot``; no
+    dequantized copy of the cache, no score matrix beyond the ``[BLOCK_M, BLOCK_N]`` tile. The
+    block-table entry of the next tile is read one iteration ahead, as in :func:`attend_tiles`."""
+    k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, lo, hi, stride_kp, stride_ks, stride_vp, stride_vs,
+                                             stride_sp, BLOCK_N, PAGE_SIZE)
+    for n0 in tl.range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k, k_scale = _load_int8_tile(k_base, ks_base, k_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype)
+        v, v_scale = _load_int8_tile(v_base, vs_base, v_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype)
+        k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, n0 + BLOCK_N, hi, stride_kp, stride_ks, stride_vp,
+                                                 stride_vs, stride_sp, BLOCK_N, PAGE_SIZE)
+        acc, l_i, m_i = _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, hi, qk_scale,
+                                           MASKED, DOT_PRECISION)
+    return acc, l_i, m_i

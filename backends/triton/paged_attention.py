@@ -1,4 +1,4 @@
-"""Causal GQA flash attention read in place from the paged KV cache; twin:
+"""GQA flash attention (causal, or not: ``causal=False``) read in place from the paged KV cache; twin:
 backends/reference/paged_attention.py (``causal_attention`` over ``gather_pages``).
 
 Two paths, both through the block table (one page lookup per key tile when ``BLOCK_N <=
@@ -25,6 +25,7 @@ import triton
 from tileinfer.backends.triton import FLOAT_DTYPES, SMALL_STEP_MAX_TOKENS
 from tileinfer.backends.triton.interpreter import interpreted
 from tileinfer.backends.triton.paged_attention_decode import launch_decode
+from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, check_int8_pages, int8_pages
 from tileinfer.backends.triton.paged_attention_prefill import launch_prefill
 from tileinfer.backends.triton.pdl import use_pdl
 
@@ -47,7 +48,8 @@ def decode_splits(context_len: int) -> int:
 
 
 def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
-                  start: int, out: torch.Tensor | None) -> tuple[int, int, int, int, int]:
+                  start: int, out: torch.Tensor | None, quant: Int8Pages | None = None
+                  ) -> tuple[int, int, int, int, int]:
     """Shared asserts; returns ``(T, H, D, num_kv_heads, page_size)``."""
     assert q.dim() == 3, f"q must be [T, H, D], got {tuple(q.shape)}"
     t, h, d = q.shape
@@ -61,8 +63,11 @@ def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
         f"page_size must be a power of two >= 16, got {page_size}")
     assert h % hkv == 0, f"{h} q heads are not a multiple of {hkv} kv heads"
     assert q.dtype in FLOAT_DTYPES, f"unsupported dtype {q.dtype}"
-    assert k_pages.dtype == q.dtype and v_pages.dtype == q.dtype, (
-        f"pages must be in q's dtype {q.dtype}, got {k_pages.dtype}/{v_pages.dtype}")
+    if quant is None:
+        assert k_pages.dtype == q.dtype and v_pages.dtype == q.dtype, (
+            f"pages must be in q's dtype {q.dtype}, got {k_pages.dtype}/{v_pages.dtype}")
+    else:
+        check_int8_pages(quant, k_pages, v_pages)
     assert q.device == k_pages.device == v_pages.device == block_table.device, "tensors on different devices"
     assert q.stride(2) == 1 and k_pages.stride(3) == 1 and v_pages.stride(3) == 1, "head_dim must be contiguous"
     assert t >= 1 and start >= 0, f"need T >= 1 and start >= 0, got T={t}, start={start}"
@@ -85,52 +90,73 @@ def _kernel_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
     return upcast, precision
 
 
-def _prefill_config(rows: int, head_dim: int) -> dict:
+# Key tile over int8 pages. The conversion and the scales take registers: compiled for sm_90a
+# (Triton 3.9, Qwen3-4B shape, 4 warps, 3 stages), the int8 decode kernel spills 8 bytes with
+# 64-key tiles and none with 32, the int8 prefill 296 bytes with 64 and 36 with 32. Not yet timed
+# on the GPU: bench/kernels/paged_attention.py --kv int8 --int8-tiles 32,64 does.
+INT8_BLOCK_N = 32
+
+
+def _prefill_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
     """Block sizes and launch options of the prefill kernel for ``rows = T * G`` query rows.
 
     H200, Qwen3-4B shape, T = 1,024: BLOCK_M 64 x BLOCK_N 64, 4 warps, 3 stages gave 261 TFLOP/s
-    from start 0 and 446 from start 4,096, against 204 / 365 for 128 x 128 with 8 warps.
+    from start 0 and 446 from start 4,096, against 204 / 365 for 128 x 128 with 8 warps. Int8
+    pages: :data:`INT8_BLOCK_N` keys.
     """
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
-    return dict(BLOCK_M=block_m, BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(BLOCK_M=block_m, BLOCK_N=INT8_BLOCK_N if kv_int8 else 64, num_warps=4, num_stages=3)
 
 
-def _decode_config(rows: int, head_dim: int) -> dict:
+def _decode_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
     """Key tile and launch options of the split-KV decode kernel for ``rows = T * G`` query rows.
 
     H200, 32k context, 16 splits: 64 keys, 4 warps, 3 stages (50 us) beat 2 stages (72 us), 128-key
     tiles (57 us) and 8 warps; the rows (16 or 64) hardly matter, the kernel is bound by K/V reads.
+    Int8 pages: :data:`INT8_BLOCK_N` keys.
     """
-    return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=INT8_BLOCK_N if kv_int8 else 64, num_warps=4, num_stages=3)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                            block_table: torch.Tensor, start: int, scale: float, *,
-                            out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
-    """Causal GQA attention of ``T`` new queries over the ``L = start + T`` cached positions.
+                            block_table: torch.Tensor, start: int, scale: float, *, causal: bool = True,
+                            k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                            k_smooth: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                            pdl: bool = False) -> torch.Tensor:
+    """GQA attention of ``T`` new queries over the ``L = start + T`` cached positions.
 
     ``q`` ``[T, H, D]`` (any token/head strides, D contiguous) holds the queries of positions
     ``start .. start + T - 1``; ``k_pages``, ``v_pages`` ``[num_pages, Hkv, page_size, D]`` in q's
     dtype already hold positions ``0 .. L - 1`` (this step's K/V included), position ``p`` in page
     ``block_table[p // page_size]`` at slot ``p % page_size``. Query ``i`` sees keys
-    ``0 .. start + i``; q head ``h`` reads kv head ``h // (H / Hkv)``. Scores are ``q.k * scale``,
-    the softmax and ``P V`` accumulate in float32. Returns ``[T, H, D]`` in q's dtype (``out`` if
-    given). Any T; D a power of two >= 16; page_size a power of two >= 16. ``pdl``: programmatic
-    dependent launch where supported; same bits.
+    ``0 .. start + i`` (``causal=False``: all ``L`` keys, ``Step.causal``); q head ``h`` reads kv
+    head ``h // (H / Hkv)``. Scores are ``q.k * scale``, the softmax and ``P V`` accumulate in
+    float32. Returns ``[T, H, D]`` in q's dtype (``out`` if given). Any T; D a power of two >= 16;
+    page_size a power of two >= 16. ``pdl``: programmatic dependent launch where supported; same
+    bits.
+
+    INT8 pages (``kv_store=paged_int8``, the layout of ``LayerKV``): ``k_pages``, ``v_pages`` int8
+    with ``k_scale``, ``v_scale`` ``[num_pages, Hkv, page_size]`` float32 (the value is ``int8 *
+    scale``), and, if the keys were divided by it, ``k_smooth`` ``[D]`` float32 (q is multiplied by
+    it and rounded to its dtype first). Tiles are converted in registers (paged_attention_int8.py).
     """
-    t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out)
+    quant = int8_pages(k_scale, v_scale, k_smooth)
+    t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out, quant)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     group = h // hkv
     upcast, precision = _kernel_flags(q.dtype, q.device)
     launch_prefill(q, k_pages, v_pages, block_table, out, start, scale * LOG2E, group,
-                   _prefill_config(t * group, d), upcast, precision, use_pdl(pdl, q.device))
+                   _prefill_config(t * group, d, quant is not None), upcast, precision, use_pdl(pdl, q.device),
+                   causal, quant)
     return out
 
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_table: torch.Tensor, start: int, scale: float, *,
                            positions: torch.Tensor | None = None, num_splits: int | None = None,
+                           causal: bool = True, k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None, k_smooth: torch.Tensor | None = None,
                            out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Split-KV (flash-decoding) version of :func:`paged_prefill_attention` for 1..16 new tokens
     (a decode step, or the verification of speculative drafts); same contract and result.
@@ -145,9 +171,11 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     context the graph serves), since the host ``start`` is only that of the capture.
 
     ``pdl``: launch the split kernel and the combine with programmatic dependent launch where
-    supported; same bits.
+    supported; same bits. ``k_scale``, ``v_scale``, ``k_smooth``: INT8 pages, as for
+    :func:`paged_prefill_attention`.
     """
-    t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out)
+    quant = int8_pages(k_scale, v_scale, k_smooth)
+    t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out, quant)
     assert t <= SMALL_STEP_MAX_TOKENS, (
         f"the decode kernel takes at most {SMALL_STEP_MAX_TOKENS} new tokens, got {t}")
     if positions is None:
@@ -161,7 +189,8 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     group = h // hkv
     upcast, precision = _kernel_flags(q.dtype, q.device)
     launch_decode(q, k_pages, v_pages, block_table, out, positions, scale * LOG2E, num_splits, group,
-                  _decode_config(t * group, d), upcast, precision, use_pdl(pdl, q.device))
+                  _decode_config(t * group, d, quant is not None), upcast, precision, use_pdl(pdl, q.device),
+                  causal, quant)
     return out
 
 

@@ -5,11 +5,17 @@
 of its kv head (padded to BLOCK_M = max(16, next_pow2(T * G)) rows so that ``tl.dot`` runs on
 tensor cores) and scans one contiguous, tile-aligned chunk of the ``L = start + T`` cached
 positions in BLOCK_N-key tiles (:func:`attend_tiles` of device_functions.py); tiles below ``start
-+ 1`` are unmasked, the tail applies the causal mask of each row's token. It writes the
++ 1`` are unmasked, the tail applies the causal mask of each row's token (``CAUSAL=False``: every
+row sees all ``start + T`` keys, only the context end is masked). It writes the
 unnormalized float32 output and the running max and sum of its rows to scratch buffers ``[T, H,
 num_splits, D]`` / ``[T, H, num_splits]``; with one split it normalizes and writes the output
 itself and the combine is skipped. The start is read on the device from ``positions[0]``, so that
 a replayed CUDA graph follows the step.
+
+Int8 pages (``KV_INT8``, ``kv_store=paged_int8``; paged_attention_int8.py): the same loop through
+:func:`attend_tiles_int8`, which converts each int8 tile in registers and applies the per-vector
+scales to the scores and to ``P``; with ``SMOOTH`` the q rows are first multiplied by the key
+smoothing and rounded (:func:`smooth_q`), as the reference attention does.
 
 ``_paged_decode_combine_kernel``, grid ``(T * H,)``: a program loads the ``num_splits`` partials of
 one (token, q head), weights each by ``exp2(m_s - M)`` (splits that saw no key of this row have
@@ -28,19 +34,22 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.device_functions import attend_tiles, load_q_rows
+from tileinfer.backends.triton.device_functions import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
+from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
 
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, part_ptr, max_ptr, sum_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, smooth_ptr, part_ptr, max_ptr, sum_ptr,
     stride_qt, stride_qh,
     stride_kp, stride_kh, stride_ks,
     stride_vp, stride_vh, stride_vs,
     stride_ot, stride_oh,
+    stride_sp, stride_sh,
     T, pos_ptr, qk_scale, num_splits,
-    NUM_HEADS: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    NUM_HEADS: tl.constexpr, SINGLE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr,
+    KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
@@ -54,26 +63,42 @@ def _paged_decode_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q, tok, head, row_ok = load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
                                        GROUP, UPCAST)
+    if SMOOTH:  # the cache holds k / k_smooth
+        q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
     start = tl.load(pos_ptr).to(tl.int32)  # read on the device: a replayed CUDA graph sees the new value
-    qpos = start + tok
-
     length = start + T
+    if CAUSAL:
+        qpos = start + tok
+        seen_by_all = start + 1
+    else:  # every row sees all the keys, as the step's last token does
+        qpos = tok * 0 + (length - 1)
+        seen_by_all = length
     chunk = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
     lo = split * chunk  # chunk is a multiple of BLOCK_N
     hi = tl.minimum(lo + chunk, length)
-    full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N  # keys all rows see
+    full_end = lo + (tl.maximum(tl.minimum(hi, seen_by_all) - lo, 0) // BLOCK_N) * BLOCK_N  # keys all rows see
 
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
-                                 stride_vp, stride_vs, qpos, lo, full_end, qk_scale, offs_d,
-                                 False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
-    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
-                                 stride_vp, stride_vs, qpos, full_end, hi, qk_scale, offs_d,
-                                 True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+    if KV_INT8:
+        ks_base = ks_ptr + kv_head.to(tl.int64) * stride_sh
+        vs_base = vs_ptr + kv_head.to(tl.int64) * stride_sh
+        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, qk_scale,
+                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
+        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, full_end, hi, qk_scale,
+                                          offs_d, True, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
+    else:
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                     stride_vp, stride_vs, qpos, lo, full_end, qk_scale, offs_d,
+                                     False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                     stride_vp, stride_vs, qpos, full_end, hi, qk_scale, offs_d,
+                                     True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
     if SINGLE_SPLIT:
         out = acc / l_i[:, None]
         tl.store(out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
@@ -123,11 +148,14 @@ def _decode_scratch(t: int, h: int, num_splits: int, d: int, device: torch.devic
 
 def launch_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                   out: torch.Tensor, positions: torch.Tensor, qk_scale: float, num_splits: int, group: int,
-                  config: dict, upcast: bool, precision: str, pdl: bool) -> None:
+                  config: dict, upcast: bool, precision: str, pdl: bool, causal: bool = True,
+                  quant: Int8Pages | None = None) -> None:
     """``_paged_decode_kernel`` (and, with more than one split, ``_paged_decode_combine_kernel``) on
     checked arguments; ``qk_scale`` has ``log2(e)`` folded in, ``config`` holds BLOCK_N, num_warps
-    and num_stages, ``pdl`` is granted."""
+    and num_stages, ``pdl`` is granted; ``causal=False``: every query sees all ``start + T`` keys;
+    ``quant``: the pages are int8 with these scales (and smoothing)."""
     t, h, d = q.shape
+    ks, vs, smooth = int8_arguments(q, quant)
     hkv, page_size = k_pages.shape[1], k_pages.shape[2]
     block_m = max(16, triton.next_power_of_2(t * group))
     if num_splits == 1:
@@ -135,13 +163,15 @@ def launch_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
     else:
         part, m_buf, l_buf = _decode_scratch(t, h, num_splits, d, q.device)
     _paged_decode_kernel[(hkv, num_splits)](
-        q, k_pages, v_pages, block_table, out, part, m_buf, l_buf,
+        q, k_pages, v_pages, block_table, out, ks, vs, smooth, part, m_buf, l_buf,
         q.stride(0), q.stride(1),
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
         out.stride(0), out.stride(1),
+        ks.stride(0), ks.stride(1),
         t, positions, qk_scale, num_splits,
-        NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
+        NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, CAUSAL=causal, KV_INT8=quant is not None,
+        SMOOTH=smooth is not q, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
         BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
         **config, enable_fp_fusion=True, **launch_options(pdl),
     )

@@ -7,9 +7,17 @@ are the (token, head-of-the-group) pairs in token-major order (row ``r`` is toke
 BLOCK_M rows (64) and streams key tiles of BLOCK_N positions (64) up to the causal limit of its last
 token (:func:`attend_tiles` of device_functions.py): the tiles every row of the block sees
 completely run without any mask, the few tiles on the diagonal apply the causal mask and the
-end-of-context load mask. The second grid axis is walked backwards so that the longest (latest)
-blocks start first. With PDL a program lets the next kernel launch and then waits for the one
-before, first thing (q, the pages and the block table may all be outputs of earlier kernels).
+end-of-context load mask (``CAUSAL=False``: every row sees all ``start + T`` keys, the tiles up to
+the last tile boundary unmasked, the last one masked by the context end). The second grid axis is
+walked backwards so that the longest (latest) blocks start first.
+
+Int8 pages (``KV_INT8``, ``kv_store=paged_int8``; paged_attention_int8.py): the same loop through
+:func:`attend_tiles_int8`, which converts each int8 tile in registers and applies the per-vector
+scales to the scores and to ``P``; with ``SMOOTH`` the q rows are first multiplied by the key
+smoothing and rounded (:func:`smooth_q`), as the reference attention does.
+
+With PDL a program lets the next kernel launch and then waits for the one before, first thing (q,
+the pages and the block table may all be outputs of earlier kernels).
 """
 
 from __future__ import annotations
@@ -19,18 +27,21 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.device_functions import attend_tiles, load_q_rows
+from tileinfer.backends.triton.device_functions import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
+from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
 
 
 @triton.jit
 def _paged_prefill_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, smooth_ptr,
     stride_qt, stride_qh,
     stride_kp, stride_kh, stride_ks,
     stride_vp, stride_vh, stride_vs,
     stride_ot, stride_oh,
+    stride_sp, stride_sh,
     T, start, qk_scale,
+    CAUSAL: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
@@ -44,11 +55,17 @@ def _paged_prefill_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q, tok, head, row_ok = load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
                                        GROUP, UPCAST)
+    if SMOOTH:  # the cache holds k / k_smooth
+        q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
     qpos = start + tok
 
     first_tok = (pid_m * BLOCK_M) // GROUP
     last_tok = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
     full_end = ((start + first_tok + 1) // BLOCK_N) * BLOCK_N  # keys every row of the block sees
+    if not CAUSAL:  # every row sees all start + T keys, as the step's last token does
+        qpos = tok * 0 + (start + T - 1)
+        full_end = ((start + T) // BLOCK_N) * BLOCK_N
+        last_tok = T - 1
     causal_end = start + last_tok + 1
 
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
@@ -56,12 +73,22 @@ def _paged_prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
-                                 stride_vp, stride_vs, qpos, 0, full_end, qk_scale, offs_d,
-                                 False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
-    acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
-                                 stride_vp, stride_vs, qpos, full_end, causal_end, qk_scale, offs_d,
-                                 True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+    if KV_INT8:
+        ks_base = ks_ptr + kv_head.to(tl.int64) * stride_sh
+        vs_base = vs_ptr + kv_head.to(tl.int64) * stride_sh
+        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, 0, full_end, qk_scale,
+                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
+        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, full_end, causal_end,
+                                          qk_scale, offs_d, True, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
+    else:
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                     stride_vp, stride_vs, qpos, 0, full_end, qk_scale, offs_d,
+                                     False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                     stride_vp, stride_vs, qpos, full_end, causal_end, qk_scale, offs_d,
+                                     True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -69,20 +96,26 @@ def _paged_prefill_kernel(
 
 def launch_prefill(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                    out: torch.Tensor, start: int, qk_scale: float, group: int, config: dict, upcast: bool,
-                   precision: str, pdl: bool) -> None:
+                   precision: str, pdl: bool, causal: bool = True,
+                   quant: Int8Pages | None = None) -> None:
     """One launch of ``_paged_prefill_kernel`` on checked arguments; ``qk_scale`` has ``log2(e)``
-    folded in, ``config`` holds BLOCK_M, BLOCK_N, num_warps and num_stages, ``pdl`` is granted."""
+    folded in, ``config`` holds BLOCK_M, BLOCK_N, num_warps and num_stages, ``pdl`` is granted;
+    ``causal=False``: every query sees all ``start + T`` keys; ``quant``: the pages are int8 with
+    these scales (and smoothing)."""
     t, _, d = q.shape
+    ks, vs, smooth = int8_arguments(q, quant)
     hkv, page_size = k_pages.shape[1], k_pages.shape[2]
     grid = (hkv, triton.cdiv(t * group, config["BLOCK_M"]))
     _paged_prefill_kernel[grid](
-        q, k_pages, v_pages, block_table, out,
+        q, k_pages, v_pages, block_table, out, ks, vs, smooth,
         q.stride(0), q.stride(1),
         k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
         v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
         out.stride(0), out.stride(1),
+        ks.stride(0), ks.stride(1),
         t, start, qk_scale,
-        GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
+        CAUSAL=causal, KV_INT8=quant is not None, SMOOTH=smooth is not q, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, UPCAST=upcast, DOT_PRECISION=precision,
+        PDL=pdl,
         **config, enable_fp_fusion=True, **launch_options(pdl),
     )
 

@@ -6,7 +6,10 @@ One step's fused qkv ``[T, (H + 2 Hkv) * 128]`` (bfloat16) -> q/k RMSNorm, RoPE,
 pages of 64 (permuted block table) at consecutive positions after 1,000 cached ones. Checked against
 the twin (max abs error over q and the pages), then both timed by bench/timing.py from a CUDA graph
 over rotated input copies; a row gives the device time, GB/s (qkv read; q, k, v written) and that as
-a fraction of the copy bandwidth. With --out DIR the records go to DIR/attention_inputs.json.
+a fraction of the copy bandwidth. Case ``qkv-int8``: the same into int8 pages with a float32 scale per
+vector and smoothed keys (``kv_store=paged_int8``), against the twin's norm and RoPE followed by
+``write_quantized`` (max abs error over q and the int8 values; bytes: k and v written as int8 plus
+their scales). With --out DIR the records go to DIR/attention_inputs.json.
 """
 
 from __future__ import annotations
@@ -52,6 +55,37 @@ def cases(model: str, s: dict, t: int):
 
     moved = 2 * t * d * ((h + 2 * hkv) + h + 2 * hkv)
     yield dict(case="qkv", shape=[t, (h + 2 * hkv) * d]), make_inputs, kernel, twin, moved
+    yield from int8_case(t, h, hkv, d, num_pages, table, positions, make_inputs, args)
+
+
+def int8_case(t, h, hkv, d, num_pages, table, positions, make_inputs, args):
+    """The fused inputs into int8 pages: ``(case, make_inputs, kernel, twin, moved)``."""
+    from tileinfer.backends.reference.kv_quant import key_smoothing, write_quantized
+    from tileinfer.backends.reference.rms_norm import rms_norm
+    from tileinfer.backends.reference.rope import apply_rope
+    from tileinfer.backends.triton.attention_inputs import attention_inputs
+
+    def make_int8(seed: int):
+        c = make_inputs(seed)
+        pages = [torch.zeros(num_pages, hkv, PAGE, d, dtype=torch.int8, device="cuda") for _ in range(2)]
+        scales = [torch.zeros(num_pages, hkv, PAGE, dtype=torch.float32, device="cuda") for _ in range(2)]
+        return (*c[:3], *pages, c[5], c[6], *scales, key_smoothing(c[2]))
+
+    def kernel(c):
+        q = attention_inputs(*args(c), out=c[6], k_scale=c[7], v_scale=c[8], k_smooth=c[9])
+        return q, c[3], c[4]
+
+    def twin(c):
+        qkv = c[0]
+        q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+        cos, sin = table.cos[positions], table.sin[positions]
+        q = apply_rope(rms_norm(q.reshape(t, h, d), c[1], EPS), cos, sin)
+        k = apply_rope(rms_norm(k.reshape(t, hkv, d), c[2], EPS), cos, sin)
+        write_quantized(c[3], c[4], c[7], c[8], c[5], positions, k, v.reshape(t, hkv, d), c[9])
+        return q, c[3], c[4]
+
+    moved = 2 * t * d * ((h + 2 * hkv) + h) + 2 * t * hkv * (d + 4)
+    yield dict(case="qkv-int8", shape=[t, (h + 2 * hkv) * d]), make_int8, kernel, twin, moved
 
 
 def main(argv: list[str] | None = None) -> int:

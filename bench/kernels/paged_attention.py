@@ -1,21 +1,30 @@
 """Paged attention (backends/triton/paged_attention.py) at Qwen3-4B's attention shape (32 q heads, 8 kv heads, D 128, page 64, bf16), on one GPU.
 
-    python bench/kernels/paged_attention.py [--repeats N] [--peak-tflops F] [--out DIR]
+    python bench/kernels/paged_attention.py [--kv bf16,int8] [--contexts 1024,8192,32768]
+        [--int8-tiles 32,64] [--repeats N] [--peak-tflops F] [--out DIR]
+
+The lead's INT8 KV figure (decode attention at 32k with int8 against bf16 pages, bandwidth counted
+on the int8 bytes): ``python bench/kernels/paged_attention.py --contexts 32768 --out DIR``.
 
 Times, with bench/timing.py (median of CUDA-graph replays, so that the figures are device time and
-not Python's launch overhead):
+not Python's launch overhead), for each page format of --kv (bf16 pages; int8 pages with a float32
+scale per cached vector and keys smoothed, ``kv_store=paged_int8``):
 - the split-KV decode (kernel 1 + combine, as called) after 1,024 / 8,192 / 32,768 cached positions
-  for 1 and 16 new tokens and num_splits 4, 8, 16 (and decode_splits' default); each figure is
-  also given as bytes of K and V read per second and as a fraction of the device copy bandwidth
-  (bytes read + written of a large tensor copy, measured in the same run);
+  for 1 and 16 new tokens and num_splits 4, 8, 16, 32 (and decode_splits' default); each figure is
+  also given as bytes of K and V read per second (as stored: 2 bytes per element for bf16, 1 byte
+  plus a 4-byte scale per vector for int8) and as a fraction of the device copy bandwidth (bytes
+  read + written of a large tensor copy, measured in the same run); int8 rows are timed with each
+  key tile of --int8-tiles (default: the kernel's own, ``INT8_BLOCK_N``), and a summary gives the
+  int8/bf16 speedup of each (context, T) at the default splits;
 - the prefill kernel on a 1,024-token prompt (and a 1,024-token chunk after 4,096 cached positions),
   in TFLOP/s (4 T L_avg H D, L_avg = start + (T + 1) / 2 with the causal halving) against
   --peak-tflops;
-- torch's scaled_dot_product_attention on dense K/V of the same shapes, as a point of comparison.
-Every case is first checked against the reference twin (backends/reference/paged_attention.py); the
-max error is printed. ``host_us`` is the wall time per call of back-to-back launches (what a step
-costs without CUDA graphs). The timing floor (a decode over 65 keys) is printed too. With --out DIR
-the record goes to DIR/paged_attention.json.
+- torch's scaled_dot_product_attention on dense bf16 K/V of the same shapes, as a point of
+  comparison.
+Every case is first checked against the reference twin (backends/reference/paged_attention.py, the
+same int8 pages and scales); the max error is printed. ``host_us`` is the wall time per call of
+back-to-back launches (what a step costs without CUDA graphs). The timing floor (a decode over 65
+keys) is printed too. With --out DIR the record goes to DIR/paged_attention.json.
 """
 
 from __future__ import annotations
@@ -35,8 +44,9 @@ from timing import graph_seconds, host_seconds  # noqa: E402
 SHAPE = dict(heads=32, kv_heads=8, head_dim=128, page_size=64)  # Qwen3-4B
 CONTEXTS = (1024, 8192, 32768)
 DECODE_TOKENS = (1, 16)
-SPLITS = (4, 8, 16)  # plus decode_splits(L) when it is none of these
+SPLITS = (4, 8, 16, 32)  # plus decode_splits(L) when it is none of these; 32: int8 tiles carry half the bytes
 PREFILL = ((1024, 0), (1024, 4096))  # (T, start): a prompt, and a chunk after a cached prefix
+KV_FORMATS = ("bf16", "int8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,33 +55,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=50, help="timed graph replays per case (median; default 50)")
     parser.add_argument("--peak-tflops", type=float, default=800.0,
                         help="bf16 dense matmul peak for the prefill's fraction (default 800)")
-    return parser.parse_args(argv)
+    parser.add_argument("--kv", default=",".join(KV_FORMATS), help="page formats: bf16, int8 (default both)")
+    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)),
+                        help="cached positions of the decode cases (default 1024,8192,32768)")
+    parser.add_argument("--int8-tiles", default="", help="key tiles (BLOCK_N) to time the int8 kernels with, "
+                        "e.g. 32,64 (default: the kernels' own)")
+    args = parser.parse_args(argv)
+    args.kv = [f for f in args.kv.split(",") if f]
+    if any(f not in KV_FORMATS for f in args.kv):
+        parser.error(f"--kv takes {', '.join(KV_FORMATS)}, got {','.join(args.kv)}")
+    args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    args.int8_tiles = [int(b) for b in args.int8_tiles.split(",") if b]
+    return args
 
 
-def make_cache(length: int, t: int, seed: int):
-    """q [t, H, D] and bf16 pages holding [0, length) through a permuted block table, plus dense K/V."""
+def kv_bytes(length: int, kv: str) -> int:
+    """Bytes of K and V a step reads over ``length`` positions, as stored."""
+    hkv, d = SHAPE["kv_heads"], SHAPE["head_dim"]
+    return 2 * length * hkv * (2 * d if kv == "bf16" else d + 4)
+
+
+def make_cache(length: int, t: int, seed: int, kv: str = "bf16"):
+    """q [t, H, D] bf16 and pages holding [0, length) through a permuted block table: ``(q,
+    k_pages, v_pages, block_table, int8 keywords (empty for bf16), dense bf16 K, V)``. Int8 pages
+    are written by the reference quantizer, keys smoothed by a random k-norm weight's smoothing."""
+    from tileinfer.backends.reference.kv_quant import key_smoothing, write_quantized
     from tileinfer.backends.reference.kv_write import write_pages
-    from tileinfer.backends.reference.paged_attention import gather_pages
 
     h, hkv, d, page = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"], SHAPE["page_size"]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     num_pages = -(-length // page) + 4
-    k_pages = torch.zeros(num_pages, hkv, page, d, dtype=torch.bfloat16, device="cuda")
-    v_pages = torch.zeros_like(k_pages)
     block_table = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
     pos = torch.arange(length, device="cuda")
-    for pages in (k_pages, v_pages):
-        values = torch.randn(length, hkv, d, generator=gen, device="cuda", dtype=pages.dtype)
-        write_pages(pages, block_table, pos, values)
+    norm = torch.rand(d, generator=gen, device="cuda") * 3 + 0.1
+    k = (torch.randn(length, hkv, d, generator=gen, device="cuda") * norm).to(torch.bfloat16)
+    v = torch.randn(length, hkv, d, generator=gen, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(t, h, d, generator=gen, device="cuda", dtype=torch.bfloat16)
-    k, v = gather_pages(k_pages, block_table, length), gather_pages(v_pages, block_table, length)
-    return q, k_pages, v_pages, block_table, k, v
+    if kv == "bf16":
+        k_pages = torch.zeros(num_pages, hkv, page, d, dtype=torch.bfloat16, device="cuda")
+        v_pages = torch.zeros_like(k_pages)
+        write_pages(k_pages, block_table, pos, k)
+        write_pages(v_pages, block_table, pos, v)
+        return q, k_pages, v_pages, block_table, {}, k, v
+    k_pages = torch.zeros(num_pages, hkv, page, d, dtype=torch.int8, device="cuda")
+    v_pages = torch.zeros_like(k_pages)
+    k_scale = torch.zeros(num_pages, hkv, page, dtype=torch.float32, device="cuda")
+    v_scale = torch.zeros_like(k_scale)
+    k_smooth = key_smoothing(norm)
+    write_quantized(k_pages, v_pages, k_scale, v_scale, block_table, pos, k, v, k_smooth)
+    return q, k_pages, v_pages, block_table, dict(k_scale=k_scale, v_scale=v_scale, k_smooth=k_smooth), k, v
 
 
-def max_error(out: torch.Tensor, q, k_pages, v_pages, block_table, start: int, scale: float) -> float:
+def max_error(out: torch.Tensor, q, k_pages, v_pages, block_table, start: int, scale: float, int8: dict) -> float:
     from tileinfer.backends.reference.paged_attention import paged_attention
 
-    expected = paged_attention(q, k_pages, v_pages, block_table, start, scale)
+    expected = paged_attention(q, k_pages, v_pages, block_table, start, scale, **int8)
     return (out.float() - expected.float()).abs().max().item()
 
 
@@ -87,17 +125,128 @@ def sdpa_fn(q, k, v, start: int, scale: float):
     return lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
+def tiles(kv: str, int8_tiles: list[int]) -> list[int | None]:
+    """The key tiles to time a format with (None: the kernels' own)."""
+    return (int8_tiles or [None]) if kv == "int8" else [None]
+
+
+def with_tile(block_n: int | None):
+    """The kernels' configs with the key tile ``block_n`` (None: unchanged); restore with the
+    returned pair."""
+    from tileinfer.backends.triton import paged_attention as P
+
+    saved = P._decode_config, P._prefill_config
+    if block_n is not None:
+        P._decode_config = lambda *a, **kw: dict(saved[0](*a, **kw), BLOCK_N=block_n)
+        P._prefill_config = lambda *a, **kw: dict(saved[1](*a, **kw), BLOCK_N=block_n)
+    return saved
+
+
+def restore(saved) -> None:
+    from tileinfer.backends.triton import paged_attention as P
+
+    P._decode_config, P._prefill_config = saved
+
+
+def kernel_tile(kv: str, block_n: int | None, prefill: bool = False) -> int:
+    """The key tile a case runs with."""
+    from tileinfer.backends.triton import paged_attention as P
+
+    config = P._prefill_config if prefill else P._decode_config
+    return block_n or config(64, SHAPE["head_dim"], kv == "int8")["BLOCK_N"]
+
+
+def decode_rows(args, kv: str, bench, bandwidth: float, scale: float) -> list[dict]:
+    from tileinfer.backends.triton.paged_attention import decode_splits, paged_decode_attention
+
+    rows = []
+    for context in args.contexts:
+        for t in DECODE_TOKENS:
+            length = context + t
+            q, k_pages, v_pages, bt, int8, k, v = make_cache(length, t, context + t, kv)
+            moved = kv_bytes(length, kv)
+            sdpa_s = bench(sdpa_fn(q, k, v, context, scale)) if kv == "bf16" else None
+            default = decode_splits(length)
+            positions = torch.arange(context, length, device="cuda")
+            for block_n in tiles(kv, args.int8_tiles):
+                saved = with_tile(block_n)
+                try:
+                    for splits in SPLITS + ((default,) if default not in SPLITS else ()):
+                        out = torch.empty_like(q)
+                        fn = lambda: paged_decode_attention(q, k_pages, v_pages, bt, context, scale,  # noqa: E731
+                                                            positions=positions, num_splits=splits, out=out, **int8)
+                        fn()
+                        err = max_error(out, q, k_pages, v_pages, bt, context, scale, int8)
+                        seconds = bench(fn)
+                        row = dict(kv=kv, block_n=kernel_tile(kv, block_n), context=context, new_tokens=t,
+                                   num_splits=splits, default_splits=splits == default, kernel_us=seconds * 1e6,
+                                   host_us=host_seconds(fn) * 1e6, kv_bytes=moved, kv_gb_s=moved / seconds / 1e9,
+                                   fraction_of_copy=moved / seconds / bandwidth,
+                                   sdpa_us=None if sdpa_s is None else sdpa_s * 1e6, max_error=err)
+                        rows.append(row)
+                        label = f"{splits}{'*' if splits == default else ' '}"
+                        sdpa = f"{row['sdpa_us']:7.1f}" if sdpa_s is not None else "      -"
+                        print(f"   {kv:>4} {row['block_n']:3d} {context:7d} {t:2d} {label:>7} | "
+                              f"{row['kernel_us']:9.1f} {row['host_us']:8.1f} | {row['kv_gb_s']:7.0f} "
+                              f"{row['fraction_of_copy']:10.1%} | {sdpa} | {err:.2e}", flush=True)
+                finally:
+                    restore(saved)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def prefill_rows(args, kv: str, bench, scale: float) -> list[dict]:
+    from tileinfer.backends.triton.paged_attention import paged_prefill_attention
+
+    h, d = SHAPE["heads"], SHAPE["head_dim"]
+    rows = []
+    for t, start in PREFILL:
+        q, k_pages, v_pages, bt, int8, k, v = make_cache(start + t, t, 7 + t + start, kv)
+        sdpa_s = bench(sdpa_fn(q, k, v, start, scale))
+        flops = 4 * t * (start + (t + 1) / 2) * h * d
+        for block_n in tiles(kv, args.int8_tiles):
+            saved = with_tile(block_n)
+            try:
+                out = torch.empty_like(q)
+                fn = lambda: paged_prefill_attention(q, k_pages, v_pages, bt, start, scale, out=out,  # noqa: E731
+                                                     **int8)
+                fn()
+                err = max_error(out, q, k_pages, v_pages, bt, start, scale, int8)
+                seconds = bench(fn)
+                row = dict(kv=kv, block_n=kernel_tile(kv, block_n, prefill=True), new_tokens=t, start=start,
+                           kernel_us=seconds * 1e6,
+                           tflops=flops / seconds / 1e12, fraction_of_peak=flops / seconds / 1e12 / args.peak_tflops,
+                           sdpa_us=sdpa_s * 1e6, sdpa_tflops=flops / sdpa_s / 1e12, host_us=host_seconds(fn) * 1e6,
+                           flops=flops, max_error=err)
+                rows.append(row)
+                print(f"   {kv:>4} {row['block_n']:3d} {t:4d} {start:5d} | {row['kernel_us']:9.1f} "
+                      f"{row['tflops']:8.1f} {row['fraction_of_peak']:8.1%} | "
+                      f"{row['sdpa_us']:7.1f} {row['sdpa_tflops']:8.1f} | {err:.2e}", flush=True)
+            finally:
+                restore(saved)
+    return rows
+
+
+def speedups(decode: list[dict]) -> list[dict]:
+    """int8 against bf16 pages at the default splits, per (context, T) and int8 key tile."""
+    bf16 = {(r["context"], r["new_tokens"]): r for r in decode if r["kv"] == "bf16" and r["default_splits"]}
+    out = []
+    for r in decode:
+        base = bf16.get((r["context"], r["new_tokens"]))
+        if r["kv"] == "int8" and r["default_splits"] and base is not None:
+            out.append(dict(context=r["context"], new_tokens=r["new_tokens"], block_n=r["block_n"],
+                            bf16_us=base["kernel_us"], int8_us=r["kernel_us"],
+                            speedup=base["kernel_us"] / r["kernel_us"], int8_fraction_of_copy=r["fraction_of_copy"]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not op_benchmark.gpu_visible("paged_attention.py"):
         return 2
     import triton
 
-    from tileinfer.backends.triton.paged_attention import (
-        decode_splits,
-        paged_decode_attention,
-        paged_prefill_attention,
-    )
+    from tileinfer.backends.triton.paged_attention import paged_decode_attention
 
     def bench(fn) -> float:
         return graph_seconds(fn, repeats=args.repeats)
@@ -108,65 +257,35 @@ def main(argv: list[str] | None = None) -> int:
     scale = d ** -0.5
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
-    print(f"shape: {h} q heads, {hkv} kv heads, head_dim {d}, page {SHAPE['page_size']}, bf16")
-    q, k_pages, v_pages, bt, _, _ = make_cache(65, 1, seed=1)
+    print(f"shape: {h} q heads, {hkv} kv heads, head_dim {d}, page {SHAPE['page_size']}, q bf16; pages: "
+          f"{', '.join(args.kv)}")
+    q, k_pages, v_pages, bt, _, _, _ = make_cache(65, 1, seed=1)
     positions = torch.tensor([64], device="cuda")  # made outside the graph, as a captured step's are
     floor_s = bench(lambda: paged_decode_attention(q, k_pages, v_pages, bt, 64, scale, positions=positions,
                                                    num_splits=2))
     print(f"timing floor (decode over 65 keys, 2 splits, graph replay): {floor_s * 1e6:.1f} us")
 
-    decode = []
-    print("\ndecode: context  T  splits |  kernel us  host us | KV GB/s  of copy bw | sdpa us | max err")
-    for context in CONTEXTS:
-        for t in DECODE_TOKENS:
-            length = context + t
-            q, k_pages, v_pages, bt, k, v = make_cache(length, t, seed=context + t)
-            kv_bytes = 2 * length * hkv * d * 2
-            sdpa_s = bench(sdpa_fn(q, k, v, context, scale))
-            default = decode_splits(length)
-            positions = torch.arange(context, length, device="cuda")
-            for splits in SPLITS + ((default,) if default not in SPLITS else ()):
-                out = torch.empty_like(q)
-                fn = lambda: paged_decode_attention(q, k_pages, v_pages, bt, context, scale,  # noqa: E731
-                                                    positions=positions, num_splits=splits, out=out)
-                fn()
-                err = max_error(out, q, k_pages, v_pages, bt, context, scale)
-                seconds = bench(fn)
-                row = dict(context=context, new_tokens=t, num_splits=splits, default_splits=splits == default,
-                           kernel_us=seconds * 1e6, host_us=host_seconds(fn) * 1e6, kv_bytes=kv_bytes,
-                           kv_gb_s=kv_bytes / seconds / 1e9,
-                           fraction_of_copy=kv_bytes / seconds / bandwidth, sdpa_us=sdpa_s * 1e6, max_error=err)
-                decode.append(row)
-                label = f"{splits}{'*' if splits == default else ' '}"
-                print(f"        {context:7d} {t:2d} {label:>7} | {row['kernel_us']:9.1f} {row['host_us']:8.1f} | "
-                      f"{row['kv_gb_s']:7.0f} {row['fraction_of_copy']:10.1%} | {row['sdpa_us']:7.1f} | {err:.2e}")
-            del q, k_pages, v_pages, bt, k, v
-    print("        (* = decode_splits default)")
+    decode, prefill = [], []
+    print("\ndecode: kv tile context  T  splits |  kernel us  host us | KV GB/s  of copy bw | sdpa us | max err")
+    for kv in args.kv:
+        decode += decode_rows(args, kv, bench, bandwidth, scale)
+    print("        (* = decode_splits default; KV bytes as stored: int8 counts 1 byte + a 4-byte scale per vector)")
+    ratios = speedups(decode)
+    for r in ratios:
+        print(f"int8/bf16 decode, context {r['context']}, T {r['new_tokens']}, tile {r['block_n']}: "
+              f"{r['bf16_us']:.1f} -> {r['int8_us']:.1f} us ({r['speedup']:.2f}x), "
+              f"{r['int8_fraction_of_copy']:.1%} of the copy bandwidth on the int8 bytes")
 
-    prefill = []
-    print("\nprefill: T  start |  kernel us  TFLOP/s  of peak | sdpa us  TFLOP/s | max err")
-    for t, start in PREFILL:
-        q, k_pages, v_pages, bt, k, v = make_cache(start + t, t, seed=7 + t + start)
-        out = torch.empty_like(q)
-        fn = lambda: paged_prefill_attention(q, k_pages, v_pages, bt, start, scale, out=out)  # noqa: E731
-        fn()
-        err = max_error(out, q, k_pages, v_pages, bt, start, scale)
-        seconds = bench(fn)
-        sdpa_s = bench(sdpa_fn(q, k, v, start, scale))
-        flops = 4 * t * (start + (t + 1) / 2) * h * d
-        row = dict(new_tokens=t, start=start, kernel_us=seconds * 1e6, tflops=flops / seconds / 1e12,
-                   fraction_of_peak=flops / seconds / 1e12 / args.peak_tflops, sdpa_us=sdpa_s * 1e6,
-                   sdpa_tflops=flops / sdpa_s / 1e12, host_us=host_seconds(fn) * 1e6, flops=flops, max_error=err)
-        prefill.append(row)
-        print(f"        {t:4d} {start:5d} | {row['kernel_us']:9.1f} {row['tflops']:8.1f} "
-              f"{row['fraction_of_peak']:8.1%} | "
-              f"{row['sdpa_us']:7.1f} {row['sdpa_tflops']:8.1f} | {err:.2e}")
+    print("\nprefill: kv tile    T  start |  kernel us  TFLOP/s  of peak | sdpa us  TFLOP/s | max err")
+    for kv in args.kv:
+        prefill += prefill_rows(args, kv, bench, scale)
 
     elapsed = time.perf_counter() - t_start
     print(f"\n{elapsed:.0f} s")
     op_benchmark.write_record(args.out, "paged_attention", dict(
-        shape=SHAPE, dtype="bfloat16", copy_bandwidth_tb_s=bandwidth / 1e12, timing_floor_us=floor_s * 1e6,
-        peak_tflops=args.peak_tflops, decode=decode, prefill=prefill, elapsed_s=elapsed))
+        shape=SHAPE, dtype="bfloat16", kv_formats=args.kv, copy_bandwidth_tb_s=bandwidth / 1e12,
+        timing_floor_us=floor_s * 1e6, peak_tflops=args.peak_tflops, decode=decode, int8_speedups=ratios,
+        prefill=prefill, elapsed_s=elapsed))
     return 0
 
 

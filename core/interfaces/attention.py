@@ -52,17 +52,23 @@ class Step:
     then ``start`` is only the capture's, implementations must take the step's positions from the
     ``positions`` tensor on the device (``positions[0]`` is the start) and size their work for up to
     ``max_context`` cached positions.
+
+    ``causal`` (the default): query ``i`` sees the cached positions ``0 .. start + i``. With
+    ``causal=False`` every query of the step sees all ``end`` cached positions, the whole step
+    included (block-diffusion drafters such as DFlash denoise a block whose tokens see each other
+    both ways); the step's keys and values are written as for any step.
     """
 
     start: int
     num_tokens: int
     positions: torch.Tensor
     max_context: int | None = None
+    causal: bool = True
 
     @classmethod
-    def at(cls, start: int, num_tokens: int, device: torch.device) -> "Step":
+    def at(cls, start: int, num_tokens: int, device: torch.device, *, causal: bool = True) -> "Step":
         positions = torch.arange(start, start + num_tokens, dtype=torch.int64, device=device)
-        return cls(start=start, num_tokens=num_tokens, positions=positions)
+        return cls(start=start, num_tokens=num_tokens, positions=positions, causal=causal)
 
     @property
     def end(self) -> int:
@@ -75,8 +81,8 @@ class Attention(Pluggable, ABC):
 
     Given the fused projection output ``qkv`` (``[T, (H + 2 Hkv) D]`` in the model dtype, q then k
     then v), it applies the per-head q and k RMSNorms, RoPE at the step's positions, writes k and v
-    into the KV store, and returns causal grouped-query attention of the new queries over all
-    ``step.end`` cached positions: ``[T, H D]`` in the model dtype.
+    into the KV store, and returns grouped-query attention of the new queries over all ``step.end``
+    cached positions (causal unless ``step.causal`` is False): ``[T, H D]`` in the model dtype.
 
     The attention writes the step's keys and values; the store only holds them. It writes either
     through ``KVStore.write`` (any store: the store converts to its page format) or in place into

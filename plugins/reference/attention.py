@@ -1,5 +1,5 @@
-"""ReferenceAttention: q/k norm, RoPE, KV write, then causal attention over the pages through
-torch's fused scaled_dot_product_attention."""
+"""ReferenceAttention: q/k norm, RoPE, KV write, then attention over the pages (causal, or not:
+``Step.causal``) through torch's fused scaled_dot_product_attention."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ class ReferenceAttention(Attention):
 
 def dense_attention(q: torch.Tensor, step: Step, kv: KVStore, layer: int, scale: float, *,
                     fused: bool | None = None) -> torch.Tensor:
-    """Causal attention of ``q`` ``[T, H, D]`` over the layer's cached positions, dense. ``fused``
+    """Attention of ``q`` ``[T, H, D]`` over the layer's cached positions, dense, causal unless
+    ``step.causal`` is False (then every query sees all of them). ``fused``
     (None: on a CPU only): the pages copied head-major (pages in the model dtype) or gathered by the
     store (any other format), then :func:`sdpa_attention`; otherwise gathered by the store and
     :func:`causal_attention` (float32 scores). A step replayed from a CUDA graph reads
@@ -56,7 +57,7 @@ def dense_attention(q: torch.Tensor, step: Step, kv: KVStore, layer: int, scale:
     start = step.start if step.max_context is None else step.positions
     if not (q.device.type != "cuda" if fused is None else fused):
         keys, values = kv.gather(layer, length)
-        return causal_attention(q, keys, values, start, scale)
+        return causal_attention(q, keys, values, start, scale, step.causal)
     if kv.storage == "dtype":
         pages = kv.layer(layer)
         k_out, v_out = _scratch(kv, pages.k)
@@ -64,7 +65,7 @@ def dense_attention(q: torch.Tensor, step: Step, kv: KVStore, layer: int, scale:
         values = gather_heads(pages.v, kv.block_table, length, v_out).transpose(0, 1)
     else:
         keys, values = kv.gather(layer, length)
-    return sdpa_attention(q, keys, values, start, scale)
+    return sdpa_attention(q, keys, values, start, scale, step.causal)
 
 
 # Per store: two buffers of one layer's pages, which every layer and step of that store's sequence

@@ -4,8 +4,11 @@ split-KV decode kernels for steps of up to 16 tokens, the prefill kernel above) 
 dense attention over gathered pages (``options.triton``).
 
 The fused input kernel is bit-identical to the per-op chain (:func:`inputs_per_op`), so every
-combination of ``fuse_inputs`` gives the same bits. Pages are written in place: the store must
-hold them in the model dtype (``storage`` ``dtype``).
+combination of ``fuse_inputs`` gives the same bits. Pages are written and read in place, in the
+model dtype (``storage`` ``dtype``: ``kv_store=paged``) or as INT8 with one float32 scale per
+cached vector and keys divided by the k-norm smoothing (``storage`` ``int8``: ``paged_int8``; the
+input kernels quantize as the store's own ``write`` does, bit for bit, and the attention kernels
+convert the int8 tiles in registers).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import torch
 
 from tileinfer.backends.triton import SMALL_STEP_MAX_TOKENS
 from tileinfer.backends.triton.attention_inputs import attention_inputs
-from tileinfer.backends.triton.kv_write import write_kv
+from tileinfer.backends.triton.kv_write import write_kv, write_kv_int8
 from tileinfer.backends.triton.paged_attention import decode_splits, paged_decode_attention, paged_prefill_attention
 from tileinfer.backends.triton.pdl import pdl_supported
 from tileinfer.backends.triton.rms_norm import rms_norm
@@ -29,10 +32,12 @@ from tileinfer.plugins.triton.linear import PDL
 def inputs_per_op(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, positions: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                   block_table: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, *,
-                  pdl: bool = False) -> torch.Tensor:
+                  k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                  k_smooth: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """``attention_inputs`` as a chain of per-op kernels (8 launches): copy the q, k, v slices of
     ``qkv`` to contiguous tensors, ``rms_norm`` the q and k heads, ``apply_rope`` to both,
-    ``write_kv``. Returns q ``[T, H, D]``; the same bits as the fused kernel."""
+    ``write_kv`` (``write_kv_int8`` into int8 pages, with ``k_scale``, ``v_scale``, ``k_smooth``).
+    Returns q ``[T, H, D]``; the same bits as the fused kernel."""
     t, d = qkv.shape[0], head_dim
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     q = q.contiguous().view(t, num_heads, d)
@@ -40,12 +45,15 @@ def inputs_per_op(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight:
     v = v.contiguous().view(t, num_kv_heads, d)
     q = apply_rope(rms_norm(q, q_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
     k = apply_rope(rms_norm(k, k_norm_weight, eps, pdl=pdl), cos, sin, positions, pdl=pdl)
-    write_kv(k_pages, v_pages, block_table, positions, k, v, pdl=pdl)
+    if k_scale is None:
+        write_kv(k_pages, v_pages, block_table, positions, k, v, pdl=pdl)
+    else:
+        write_kv_int8(k_pages, v_pages, k_scale, v_scale, block_table, positions, k, v, k_smooth=k_smooth, pdl=pdl)
     return q
 
 
 class TritonAttention(Attention):
-    supported_storage = ("dtype",)
+    supported_storage = ("dtype", "int8")
     declared_options = (
         Option("fuse_inputs", bool, True, "q/k RMSNorm, RoPE and the KV write in one kernel (false: a kernel "
                "each, after copies of the q/k/v slices)"),
@@ -75,17 +83,23 @@ class TritonAttention(Attention):
         spec, pages = self.spec, kv.layer(self.layer)
         return self._inputs(qkv, self.q_norm_weight, self.k_norm_weight, self.rope.cos, self.rope.sin,
                             step.positions, pages.k, pages.v, kv.block_table, spec.num_heads, spec.num_kv_heads,
-                            spec.head_dim, spec.rms_norm_eps, pdl=self.pdl)
+                            spec.head_dim, spec.rms_norm_eps, k_scale=pages.k_scale, v_scale=pages.v_scale,
+                            k_smooth=pages.k_smooth, pdl=self.pdl)
 
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         spec, pages = self.spec, kv.layer(self.layer)
         q = self.inputs(qkv, step, kv)
+        int8 = dict(k_scale=pages.k_scale, v_scale=pages.v_scale, k_smooth=pages.k_smooth)
         if self.options["attend"] == "dense":
+            if pages.k_smooth is not None:  # the cache holds k / k_smooth: scale the query instead
+                q = (q.float() * pages.k_smooth).to(q.dtype)
             out = dense_attention(q, step, kv, self.layer, spec.scale)
         elif step.num_tokens > SMALL_STEP_MAX_TOKENS:
-            out = paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale, pdl=self.pdl)
+            out = paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,
+                                          causal=step.causal, **int8, pdl=self.pdl)
         else:
             splits = None if step.max_context is None else decode_splits(step.max_context)
             out = paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,
-                                         positions=step.positions, num_splits=splits, pdl=self.pdl)
+                                         positions=step.positions, num_splits=splits, causal=step.causal,
+                                         **int8, pdl=self.pdl)
         return out.reshape(step.num_tokens, spec.num_heads * spec.head_dim)

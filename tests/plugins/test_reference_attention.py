@@ -76,6 +76,25 @@ def test_a_replayed_step_reads_its_positions_from_the_device(registry, name, sta
     torch.testing.assert_close(dense_attention(q, step, store, 1, SCALE), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "materialized"])
+@pytest.mark.parametrize("replayed", [False, True], ids=["eager", "replayed"])
+@pytest.mark.parametrize("start,t", [(0, 9), (16, 1), (23, 5), (40, 16)], ids=lambda x: str(x))
+@pytest.mark.parametrize("name", STORES)
+def test_a_non_causal_step_sees_the_whole_step(registry, name, start, t, replayed, fused):
+    """``Step.causal=False``: every query attends to all ``start + T`` positions (``causal_attention``
+    with ``causal=False`` over the gathered cache), eager or with the positions from the device."""
+    store = filled_store(registry, name, start + t)
+    q = torch.randn(t, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(start + 7))
+    keys, values = store.gather(0, start + t)
+    expected = causal_attention(q, keys, values, start, SCALE, causal=False)
+    if replayed:
+        step = Step(start=3, num_tokens=t, positions=torch.arange(start, start + t), max_context=store.capacity,
+                    causal=False)
+    else:
+        step = Step.at(start, t, CPU, causal=False)
+    torch.testing.assert_close(dense_attention(q, step, store, 0, SCALE, fused=fused), expected, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("name", STORES)
 def test_half_precision_stays_close_to_the_float32_oracle(registry, name, dtype):

@@ -155,3 +155,31 @@ def test_gather_heads_into_a_larger_buffer_leaves_the_result_unchanged():
         got = gather_heads(pages, block_table, length, out)
         assert got.data_ptr() == out.data_ptr()
         assert torch.equal(got, gather_heads(pages, block_table, length))
+
+
+@pytest.mark.parametrize("start,t", [(0, 1), (0, 9), (13, 1), (20, 7), (31, 16)])
+def test_non_causal_attention_matches_a_loop_over_all_keys(start, t):
+    """``causal=False`` (``Step.causal``): every query sees all ``start + T`` keys, the step's later
+    ones included; the same through the positions tensor with NaN rows past the step, and through
+    SDPA."""
+    heads, kv_heads, d = 6, 2, 16
+    g = gen(90 + start + t)
+    q = torch.randn(t, heads, d, generator=g)
+    k = torch.randn(start + t + 5, kv_heads, d, generator=g)
+    v = torch.randn(start + t + 5, kv_heads, d, generator=g)
+    k[start + t:], v[start + t:] = float("nan"), float("nan")
+    ref = torch.empty(t, heads, d, dtype=torch.float64)
+    for i in range(t):
+        for h in range(heads):
+            kh = h // (heads // kv_heads)
+            w = torch.softmax(k[: start + t, kh].double() @ q[i, h].double() * 0.3, 0)
+            ref[i, h] = w @ v[: start + t, kh].double()
+    positions = torch.arange(start, start + t)
+    for got in (causal_attention(q, k[: start + t], v[: start + t], start, 0.3, causal=False),
+                causal_attention(q, k, v, positions, 0.3, causal=False),
+                sdpa_attention(q, k, v, start, 0.3, causal=False),
+                sdpa_attention(q, k, v, positions, 0.3, causal=False)):
+        torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+    if t > 1:  # and the causal result differs from it where a query has later keys to see
+        assert not torch.allclose(causal_attention(q, k[: start + t], v[: start + t], start, 0.3)[0].double(),
+                                  ref[0], atol=1e-3)

@@ -68,8 +68,17 @@ def jobs():
         tables = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "bt_ptr": "*i32", **eps}
         out.append(("attention_inputs", base + "attention_inputs", "_attention_inputs_kernel",
                      dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=block_h,
-                          BLOCK_HALF=block_half, PDL=pdl),
+                          BLOCK_HALF=block_half, KV_INT8=False, SMOOTH=False, PDL=pdl),
                      tables, warps, 3, nofma))
+        int8 = {"kp_ptr": "*i8", "vp_ptr": "*i8", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "smooth_ptr": "*fp32"}
+        out.append(("attention_inputs_int8", base + "attention_inputs", "_attention_inputs_kernel",
+                     dict(H=HEADS, HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=block_h,
+                          BLOCK_HALF=block_half, KV_INT8=True, SMOOTH=True, PDL=pdl),
+                     {**tables, **int8}, warps, 3, nofma))
+        out.append(("write_kv_int8", base + "kv_write", "_write_kv_int8_kernel",
+                     dict(HKV=KV_HEADS, D=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_H=min(KV_BLOCK_H, KV_HEADS),
+                          BLOCK_D=HEAD_DIM, SMOOTH=True, PDL=pdl),
+                     {**tables, **int8}, 4, 3, nofma))
         out.append(("rope", base + "rope", "_rope_kernel",
                      dict(HEADS=HEADS, D=HEAD_DIM, BLOCK_H=min(ROPE_BLOCK_H, HEADS), BLOCK_HALF=HEAD_DIM // 2,
                           PDL=pdl),
@@ -83,21 +92,30 @@ def jobs():
         attn = {"bt_ptr": "*i32", "pos_ptr": "*i64", "part_ptr": "*fp32", "max_ptr": "*fp32",
                 "sum_ptr": "*fp32", "qk_scale": "fp32"}
         dcfg = P._decode_config(4, HEAD_DIM)
-        # group 4 (Qwen3-4B) with 16 splits; group 1 with a single split (the kernel writes out itself)
-        for group, single in ((4, False), (1, True)):
-            out.append((f"decode_g{group}", base + "paged_attention_decode", "_paged_decode_kernel",
-                         dict(NUM_HEADS=KV_HEADS * group, SINGLE_SPLIT=single, GROUP=group, HEAD_DIM=HEAD_DIM,
-                              PAGE_SIZE=PAGE, BLOCK_M=16, BLOCK_N=dcfg["BLOCK_N"], UPCAST=False,
-                              DOT_PRECISION="tf32", PDL=pdl),
-                         attn, dcfg["num_warps"], dcfg["num_stages"], {}))
+        # group 4 (Qwen3-4B) with 16 splits; group 1 with a single split (the kernel writes out itself);
+        # non-causal steps; int8 pages with their scales and the key smoothing
+        attn8 = {**attn, "k_ptr": "*i8", "v_ptr": "*i8", "ks_ptr": "*fp32", "vs_ptr": "*fp32", "smooth_ptr": "*fp32"}
+        for name, group, single, causal, int8 in (("decode_g4", 4, False, True, False),
+                                                  ("decode_g1", 1, True, True, False),
+                                                  ("decode_noncausal_g4", 4, False, False, False),
+                                                  ("decode_int8_g4", 4, False, True, True)):
+            cfg = P._decode_config(4 * group, HEAD_DIM, int8)
+            out.append((name, base + "paged_attention_decode", "_paged_decode_kernel",
+                         dict(NUM_HEADS=KV_HEADS * group, SINGLE_SPLIT=single, CAUSAL=causal, KV_INT8=int8,
+                              SMOOTH=int8, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_M=16,
+                              BLOCK_N=cfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl),
+                         attn8 if int8 else attn, cfg["num_warps"], cfg["num_stages"], {}))
         out.append(("combine", base + "paged_attention_decode", "_paged_decode_combine_kernel",
                      dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl),
                      attn, 4, 3, {}))
-        pcfg = P._prefill_config(4 * 1024, HEAD_DIM)
-        out.append(("prefill_g4", base + "paged_attention_prefill", "_paged_prefill_kernel",
-                     dict(GROUP=4, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_M=pcfg["BLOCK_M"],
-                          BLOCK_N=pcfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl),
-                     attn, pcfg["num_warps"], pcfg["num_stages"], {}))
+        for name, causal, int8 in (("prefill_g4", True, False), ("prefill_noncausal_g4", False, False),
+                                   ("prefill_int8_g4", True, True)):
+            pcfg = P._prefill_config(4 * 1024, HEAD_DIM, int8)
+            out.append((name, base + "paged_attention_prefill", "_paged_prefill_kernel",
+                         dict(CAUSAL=causal, KV_INT8=int8, SMOOTH=int8, GROUP=4, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE,
+                              BLOCK_M=pcfg["BLOCK_M"], BLOCK_N=pcfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32",
+                              PDL=pdl),
+                         attn8 if int8 else attn, pcfg["num_warps"], pcfg["num_stages"], {}))
     return out
 
 
@@ -146,14 +164,15 @@ if __name__ == "__main__":
 '''
 
 # kernels that load a weight (immutable) before the grid dependency wait; the others wait first
-WEIGHT_BEFORE_WAIT = {"gemv", "rms_norm_heads", "rms_norm_rows", "attention_inputs"}
+WEIGHT_BEFORE_WAIT = {"gemv", "rms_norm_heads", "rms_norm_rows", "attention_inputs", "attention_inputs_int8"}
 # kernels that let the next kernel launch only after their own wait (the others at their start)
-LAUNCH_AFTER_WAIT = {"attention_inputs"}
+LAUNCH_AFTER_WAIT = {"attention_inputs", "attention_inputs_int8"}
 # kernel name -> variants compiled (each with PDL on and off)
 EXPECTED = {
     "gemv": 16, "reduce": 4, "rms_norm_heads": 2, "add": 2, "rms_norm_rows": 2, "attention_inputs": 2,
     "rope": 2, "write_kv": 2, "silu_mul": 2, "decode_g4": 2, "decode_g1": 2,
-    "combine": 2, "prefill_g4": 2,
+    "combine": 2, "prefill_g4": 2, "attention_inputs_int8": 2, "write_kv_int8": 2, "decode_noncausal_g4": 2,
+    "decode_int8_g4": 2, "prefill_noncausal_g4": 2, "prefill_int8_g4": 2,
 }
 
 

@@ -54,7 +54,7 @@ def run_case(fn, seed, t, start, group, head_dim, page_size, dtype, kv_heads=CPU
     out = poisoned(q.shape, q.dtype)
     got = fn(q, k_pages, v_pages, block_table, start, scale, out=out, **kw)
     assert got is out
-    check(out, paged_attention(q, k_pages, v_pages, block_table, start, scale))
+    check(out, paged_attention(q, k_pages, v_pages, block_table, start, scale, kw.get("causal", True)))
 
 
 def case_id(case) -> str:
@@ -112,6 +112,44 @@ PREFILL_CASES = [
 def test_prefill_matches_twin(case):
     t, start, group, head_dim, page_size, dtype = case
     run_case(paged_prefill_attention, 2000 + PREFILL_CASES.index(case), t, start, group, head_dim, page_size, dtype)
+
+
+# -- non-causal steps (Step.causal=False: every query sees all start + T keys) ---------------------
+
+# (T, start, group, head_dim, page_size, num_splits, dtype) for the decode kernels; the prefill
+# kernel takes the same cases (num_splits ignored) and a prompt-sized one.
+NON_CAUSAL_CASES = [
+    (1, 40, 2, 64, 16, None, F32),
+    (2, 17, 2, 64, 16, 3, F32),
+    (5, 59, 4, 64, 16, 8, F16),       # the step straddles a tile boundary (64)
+    (9, 100, 1, 128, 64, 1, F16),     # one split: the kernel normalizes itself
+    (15, 300, 2, 64, 16, 3, F32),     # DFlash's block of 15 after a cached prefix
+    (16, 1000, 4, 64, 64, None, F16),
+]
+
+
+@pytest.mark.parametrize("case", NON_CAUSAL_CASES, ids=case_id)
+def test_non_causal_decode_matches_twin(case):
+    t, start, group, head_dim, page_size, num_splits, dtype = case
+    run_case(paged_decode_attention, 6000 + NON_CAUSAL_CASES.index(case), t, start, group, head_dim, page_size,
+             dtype, num_splits=num_splits, causal=False)
+
+
+@pytest.mark.parametrize("case", NON_CAUSAL_CASES + [(100, 37, 2, 64, 16, None, F32), (70, 0, 1, 64, 16, None, F16)],
+                         ids=case_id)
+def test_non_causal_prefill_matches_twin(case):
+    t, start, group, head_dim, page_size, _, dtype = case
+    run_case(paged_prefill_attention, 6100 + t + start, t, start, group, head_dim, page_size, dtype, causal=False)
+
+
+def test_non_causal_differs_from_causal():
+    """The flag reaches the kernels: with it off, the first query sees the step's later keys."""
+    q, k_pages, v_pages, block_table = make_case(71, 6, 30, 2, 64, 16, F32)
+    for fn in (paged_decode_attention, paged_prefill_attention):
+        causal = fn(q, k_pages, v_pages, block_table, 30, 0.125)
+        full = fn(q, k_pages, v_pages, block_table, 30, 0.125, causal=False)
+        assert_close(full[-1], causal[-1])  # the last query sees all keys either way
+        assert (full[0] - causal[0]).abs().max() > 1e-3
 
 
 # -- layouts, defaults, contract ---------------------------------------------------------------------
@@ -188,6 +226,15 @@ def test_prefill_qwen3_4b_gpu(start, t):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("start", [0, 1000, 32768])
+@pytest.mark.parametrize("t", [1, 2, 15, 16, 100])
+def test_non_causal_qwen3_4b_gpu(start, t):
+    fns = [paged_prefill_attention] + ([paged_decode_attention] if t <= 16 else [])
+    for fn in fns:
+        run_case(fn, 4500 + start + t, t, start, **QWEN3_4B, causal=False)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
 @pytest.mark.parametrize("page_size", [16, 64])
@@ -202,8 +249,9 @@ def test_gpu_geometries(head_dim, group, page_size):
         run_case(paged_decode_attention, seed + 20 + t, t, 17, **geo, num_splits=8)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non-causal"])
 @pytest.mark.parametrize("true_start", [1, 70, 200])
-def test_decode_reads_the_start_from_the_positions_tensor(true_start):
+def test_decode_reads_the_start_from_the_positions_tensor(true_start, causal):
     """As a replayed CUDA graph does: the host start is that of the capture (0), only the device
     positions tensor holds the step's real start; the result must follow the tensor."""
     dtype = F32 if DEVICE == "cpu" else BF16
@@ -211,5 +259,6 @@ def test_decode_reads_the_start_from_the_positions_tensor(true_start):
     q, k_pages, v_pages, block_table = make_case(true_start, t, true_start, 2, 64, 16, dtype)
     positions = torch.arange(true_start, true_start + t, device=DEVICE)
     out = poisoned(q.shape, q.dtype)
-    paged_decode_attention(q, k_pages, v_pages, block_table, 0, 0.125, positions=positions, num_splits=8, out=out)
-    check(out, paged_attention(q, k_pages, v_pages, block_table, positions, 0.125))
+    paged_decode_attention(q, k_pages, v_pages, block_table, 0, 0.125, positions=positions, num_splits=8, out=out,
+                           causal=causal)
+    check(out, paged_attention(q, k_pages, v_pages, block_table, positions, 0.125, causal))

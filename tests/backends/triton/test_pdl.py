@@ -25,6 +25,8 @@ from tileinfer.backends.triton.attention_inputs import attention_inputs, k_norm_
 from tileinfer.backends.triton.kv_write import write_kv, write_pages
 from tileinfer.backends.triton.linear import linear
 from tileinfer.backends.triton.paged_attention import paged_decode_attention, paged_prefill_attention
+from tileinfer.backends.reference.kv_quant import key_smoothing, write_quantized
+from tileinfer.backends.reference.paged_attention import gather_pages
 from tileinfer.backends.triton.pdl import launch_options, pdl_supported, use_pdl
 from tileinfer.backends.triton.rms_norm import rms_norm
 from tileinfer.backends.triton.rope import apply_rope
@@ -209,6 +211,22 @@ def case_decode_g1_one_split(s: Shapes, t: int) -> Case:
     return _decode_case(s, t, 1, 1)
 
 
+def case_decode_int8(s: Shapes, t: int) -> Case:
+    """The decode kernels over int8 pages with their scales and the key smoothing (paged_int8)."""
+    st = Step(s, t, ("decode_int8", t), group=4)
+    k8, v8 = torch.empty_like(st.k_pages, dtype=torch.int8), torch.empty_like(st.v_pages, dtype=torch.int8)
+    k_scale, v_scale = (torch.empty(k8.shape[:-1], dtype=torch.float32, device=DEVICE) for _ in range(2))
+    smooth = key_smoothing(norm_weight(s.head_dim, torch.float32, generator("decode_int8-smooth", t)))
+    every = torch.arange(k8.shape[0] * s.page, device=DEVICE)
+    dense = [gather_pages(p, st.block_table, every.numel()) for p in (st.k_pages, st.v_pages)]
+    write_quantized(k8, v8, k_scale, v_scale, st.block_table, every, *dense, smooth)
+    out = poisoned(st.q.shape, s.dtype)
+    return Case(lambda pdl: paged_decode_attention(st.q, k8, v8, st.block_table, s.start, s.head_dim ** -0.5,
+                                                   positions=st.positions, num_splits=16, k_scale=k_scale,
+                                                   v_scale=v_scale, k_smooth=smooth, out=out, pdl=pdl),
+                [st.q, k8, v8, k_scale, v_scale, st.positions, st.block_table], [out])
+
+
 def case_prefill(s: Shapes, t: int) -> Case:
     t = t * 4 + 17  # a prefill-sized step (1 -> 21, 16 -> 81 tokens)
     st = Step(s, t, ("prefill", t))
@@ -261,7 +279,7 @@ def test_every_launcher_has_a_case():
     assert all("pdl" in inspect.signature(fn).parameters for fn in launchers)
     covered = {"rms_norm_rows", "rms_norm_heads", "add", "linear_norm_residual", "apply_rope", "write_kv",
                "write_pages", "silu_mul", "q_norm_rope", "k_norm_rope_write", "attention_inputs",
-               "inputs_per_op", "decode_g4_splits", "decode_g1_one_split", "prefill"}
+               "inputs_per_op", "decode_g4_splits", "decode_g1_one_split", "decode_int8", "prefill"}
     assert set(CASES) == covered
 
 
