@@ -159,6 +159,27 @@ def train_and_pack(run: Run, size: str, minutes: float, common: list[str], extra
     return ok
 
 
+def train_dflash(run: Run, minutes: float, data: Path) -> bool:
+    """The optional DFlash stage: a drafter of the target just trained, packed as dflash.tar.00."""
+    if minutes < 0.5:
+        run.say(f"dflash skipped: {minutes:.2f} min left for it")
+        return False
+    run_dir = run.work / "dflash"
+    argv = ["models/train_dflash.py", "--target", str(run.work / "target" / "model"), "--data", str(data),
+            "--out", str(run_dir), "--minutes", f"{minutes:.2f}"]
+    if run.args.quick:
+        argv += ["--seq-len", "128", "--batch", "4", "--anchors", "4", "--threads", "1", "--reserve-s", "5"]
+    ok = run.stage("train_dflash", argv)
+    if ok:
+        run.summary["dflash"] = json.loads((run_dir / "dflash_eval.json").read_text())
+        members = {f"dflash/{p.name}": p for p in sorted((run_dir / "dflash").iterdir())}
+        members.update({"results/dflash_eval.json": run_dir / "dflash_eval.json",
+                        "results/dflash_history.json": run_dir / "dflash_history.json"})
+        run.summary["dflash"]["packed"] = pack("dflash", members, run.out)
+        run.save_summary()
+    return ok
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "build/models"),
@@ -169,6 +190,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--deadline-min", type=float, default=9.0, help="the whole run ends within this many minutes")
     parser.add_argument("--target-min", type=float, default=4.5)
     parser.add_argument("--draft-min", type=float, default=1.5)
+    parser.add_argument("--dflash-min", type=float, default=0.0, help="also train the DFlash drafter "
+                        "(models/train_dflash.py) for this many minutes after the draft; 0: skip (it runs alone too)")
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--tokenizer-sample-mb", type=float, default=48)
     parser.add_argument("--max-train-mb", type=float, default=320)
@@ -214,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
     draft_ok = draft_min >= shortest / 2 and train_and_pack(run, "draft", draft_min, common, {})
     if not draft_ok and draft_min < shortest / 2:
         run.say(f"draft skipped: {draft_min:.2f} min left for it")
+    if target_ok and args.dflash_min > 0:
+        train_dflash(run, min(args.dflash_min, run.left_min() - tail), data)
     if target_ok:
         evaluate_argv = ["models/evaluate.py", "--target", str(args.work / "target" / "model"),
                          "--out", str(args.work / "evaluate.json")]
