@@ -59,7 +59,8 @@ class Tileinfer:
     def __init__(self) -> None:
         import tileinfer
 
-        self.engine = tileinfer.Engine.from_config(model=str(MODEL), device="cpu", progress=False)
+        self.engine = tileinfer.Engine.from_config(model=str(MODEL), device="cpu", temperature=0.0,
+                                                   repetition_penalty=1.0, progress=False)  # plain greedy
 
     def prefill_ms(self, ids: list[int]) -> float:
         return self.engine.generate(ids, max_new_tokens=1, ignore_eos=True).stats.prefill_ms
@@ -81,7 +82,8 @@ class Transformers:
         self.model = Qwen3ForCausalLM.from_pretrained(MODEL, attn_implementation="sdpa", dtype=torch.float32).eval()
 
     def _times(self, ids: list[int], new: int) -> list[float]:
-        return token_arrivals(self.model, torch.tensor([ids]), new, do_sample=False, pad_token_id=0)
+        return token_arrivals(self.model, torch.tensor([ids]), new, do_sample=False, repetition_penalty=1.0,
+                              pad_token_id=0)
 
     def prefill_ms(self, ids: list[int]) -> float:
         return self._times(ids, 1)[0] * 1e3

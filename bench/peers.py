@@ -75,7 +75,8 @@ class HFRunner:
         self.device = device
         self.model = Qwen3ForCausalLM.from_pretrained(folder, attn_implementation="sdpa", **dtype)
         self.model = self.model.to(device).eval()
-        self.kwargs: dict = {"do_sample": False, "pad_token_id": 0}
+        # greedy with no penalty, whatever the checkpoint's generation_config.json says
+        self.kwargs: dict = {"do_sample": False, "repetition_penalty": 1.0, "pad_token_id": 0}
         if static:
             self.kwargs.update(cache_implementation="static",
                                compile_config=CompileConfig(fullgraph=True, mode="reduce-overhead"))

@@ -41,7 +41,7 @@ VARIANTS: dict[str, list[str]] = {
     "torch-matmul": TORCH_MATMUL,
     "eager-torch-matmul": [*EAGER, *TORCH_MATMUL],
     # The Triton kernels read model-dtype weights and pages only: the INT8 rows take the reference ones.
-    "int8": ["quantize=int8", "linear=reference"],  # weight-only INT8
+    "int8": ["quantize=int8"],  # weight-only INT8 (W8A16)
     "int8-kv": ["kv_store=paged_int8"],  # INT8 KV cache
     "ngram": ["proposer=ngram"],  # n-gram speculative decoding
 }

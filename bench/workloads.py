@@ -110,7 +110,8 @@ class EngineRunner:
         page = tileinfer.load_config(sources, overrides).kv_page_size
         self.kv_capacity = -(-kv_capacity // page) * page
         self.engine = tileinfer.Engine.from_config(
-            *sources, model=str(folder), overrides=[*overrides, f"kv_capacity={self.kv_capacity}"], progress=False)
+            *sources, model=str(folder), progress=False,  # plain greedy unless the variant says otherwise
+            overrides=["temperature=0", "repetition_penalty=1.0", *overrides, f"kv_capacity={self.kv_capacity}"])
 
     def sample(self, workload: Workload) -> Callable[[], float]:
         engine = self.engine

@@ -88,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command is None:
                 build_parser().print_help(sys.stderr)
                 return 2
-            commands = {"generate": _generate, "chat": _chat, "serve": _serve, "plugins": _plugins, "config": _config}
+            commands = {"generate": _generate, "chat": _chat, "serve": _serve, "plugins": _plugins, "config": _config,
+                        "quantize": _quantize}
             status = commands[args.command](args, notices)
             sys.stdout.flush()  # here, so that a reader gone away is seen here and not at exit
             notices.show_held()
@@ -175,7 +176,7 @@ def _load_engine(args: argparse.Namespace, notices: _Notices):
     """The Engine the command's config names, its notices printed once it was built."""
     from tileinfer.engine import Engine
 
-    engine = Engine(_load(args, _flag_sources(args)))
+    engine = Engine(_load(args, _flag_sources(args)), progress=not args.quiet)
     notices.show_held()
     return engine
 
@@ -227,7 +228,7 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
     registry = build_registry()
     resolved = resolve_config(config, registry)
     ids = check_prompt(resolved, model_folder(resolved), prompt, chat=args.chat)
-    engine = Engine(config, registry)
+    engine = Engine(resolved, registry, progress=not args.quiet)
     notices.show_held()  # after the engine was built: an error is the first line on stderr
     if args.json:
         result = engine.generate(ids)
@@ -292,8 +293,26 @@ def _plugins(args: argparse.Namespace, notices: _Notices) -> int:
 
 def _config(args: argparse.Namespace, notices: _Notices) -> int:
     from tileinfer.config import resolve_config, to_yaml
+    from tileinfer.engine import model_folder
+    from tileinfer.sampling_defaults import fill_sampling
 
-    sys.stdout.write(to_yaml(resolve_config(_load(args))))
+    loaded = _load(args)
+    resolved = resolve_config(loaded)
+    sys.stdout.write(to_yaml(resolved))
+    folder = model_folder(resolved)
+    filled, from_checkpoint = fill_sampling(loaded, folder)
+    if filled:  # where the sampling values left null came from
+        rest = [key for key in filled if key not in from_checkpoint]
+        sys.stdout.write(f"# null in the config: {', '.join(filled)}; from {folder / 'generation_config.json'}: "
+                         f"{', '.join(from_checkpoint) or 'none'}" + (f"; off: {', '.join(rest)}" if rest else "") + "\n")
+    return 0
+
+
+def _quantize(args: argparse.Namespace, notices: _Notices) -> int:
+    from tileinfer.quantize import quantize_checkpoint
+
+    out = quantize_checkpoint(args.model, args.out, progress=not args.quiet)
+    print(f"wrote {out} (W8A16, compressed-tensors pack-quantized); run it with --model {out}", file=sys.stderr)
     return 0
 
 

@@ -32,16 +32,18 @@ def _model_flag(parser: argparse.ArgumentParser) -> None:
 
 def _generation_flags(parser: argparse.ArgumentParser, per_request: bool = False) -> None:
     """--max-new-tokens and the sampling flags; ``per_request``: the server's defaults, which a
-    request's own fields override. (Their defaults are the config's: ``tileinfer config`` shows them.)"""
+    request's own fields override. (Their defaults are the config's, where temperature, top-p and
+    top-k are null: the checkpoint's generation_config.json; ``tileinfer config`` shows them.)"""
     tail = "; the default of requests that do not set it" if per_request else ""
+    checkpoint = "; default: the checkpoint's generation_config.json, else off"
     parser.add_argument("--max-new-tokens", type=int, metavar="N",
                         help=f"tokens to generate at most (config key max_new_tokens{tail})")
     parser.add_argument("--temperature", type=float, metavar="T",
-                        help=f"sampling temperature, 0 is greedy (config key temperature{tail})")
+                        help=f"sampling temperature, 0 is greedy (config key temperature{tail}{checkpoint})")
     parser.add_argument("--top-p", type=float, metavar="P",
-                        help=f"nucleus sampling, 1 is off (config key top_p{tail})")
+                        help=f"nucleus sampling, 1 is off (config key top_p{tail}{checkpoint})")
     parser.add_argument("--top-k", type=int, metavar="K",
-                        help=f"sample from the K most likely tokens, 0 is off (config key top_k{tail})")
+                        help=f"sample from the K most likely tokens, 0 is off (config key top_k{tail}{checkpoint})")
     parser.add_argument("--seed", type=int, metavar="N",
                         help=f"seed of the sampler, set again at each generation (config key seed{tail})")
 
@@ -52,7 +54,7 @@ def _global(parser: argparse.ArgumentParser, main: bool) -> None:
     hide = {} if main else {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
     parser.add_argument("--debug", action="store_true", **{"help": "show tracebacks on errors", **hide})
     parser.add_argument("-q", "--quiet", action="store_true",
-                        **{"help": "print no notices (settings with no effect here, choices made for you)", **hide})
+                        **{"help": "print no notices (settings with no effect here, choices made for you) and no progress (loading bar, long prefills)", **hide})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (needs tileinfer[serve])",
                            description="Serve POST /v1/chat/completions and /v1/completions (streaming with "
-                           "server-sent events), GET /v1/models and GET /health. One request runs at a time, in "
-                           "arrival order; the others wait in a bounded queue (503 when it is full).")
+                           "server-sent events; sampling, penalties and logprobs per request), GET /v1/models and "
+                           "GET /health. One request runs at a time, in arrival order; the others wait in a bounded "
+                           "queue (503 when it is full).")
     _model_flag(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -107,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "filled in, checked as generate checks it)")
     _global(config, main=False)
     _common(config)
+
+    quantize = sub.add_parser("quantize", help="write a weight-only INT8 (W8A16) copy of a checkpoint",
+                              description="Quantize every linear (and an untied lm_head) to int8 with one float32 "
+                              "scale per output channel, in the compressed-tensors pack-quantized format that vLLM "
+                              "reads; the embedding and norms stay as they are. The copy loads with quantize=int8.")
+    quantize.add_argument("--model", metavar="DIR", required=True, help="Hugging Face Qwen3 checkpoint folder")
+    quantize.add_argument("--out", metavar="DIR", required=True, help="new (or empty) folder to write")
+    _global(quantize, main=False)
     return parser
 
 

@@ -33,7 +33,7 @@ from tileinfer.options import INT64_MAX, TYPE_NAMES, format_value
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-QUANTIZE = ("none", "int8")
+QUANTIZE = ("auto", "none", "int8")
 
 
 @dataclass
@@ -50,16 +50,23 @@ class Config:
     sampler: str = MISSING
     proposer: str = MISSING
     max_new_tokens: int = MISSING
-    temperature: float = MISSING
-    top_k: int = MISSING
-    top_p: float = MISSING
-    min_p: float = MISSING
+    temperature: Optional[float] = MISSING  # null: the checkpoint's generation_config.json (``sampling_defaults``)
+    top_k: Optional[int] = MISSING
+    top_p: Optional[float] = MISSING
+    min_p: Optional[float] = MISSING
+    repetition_penalty: Optional[float] = MISSING
+    presence_penalty: float = MISSING
+    frequency_penalty: float = MISSING
     seed: int = MISSING
     spec_k: int = MISSING
+    spec_adaptive: bool = MISSING
     kv_page_size: int = MISSING
     cuda_graphs: bool = MISSING
     pipelined: bool = MISSING
-    kv_capacity: int = MISSING
+    kv_capacity: Any = MISSING  # an int or "auto"
+    memory_fraction: float = MISSING
+    prefill_chunk: int = MISSING
+    threads: int = MISSING
     options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
@@ -197,19 +204,23 @@ def _parse_overrides(overrides: Iterable[str]) -> tuple[DictConfig, Any]:
         raise _config_error(exc) from None
 
 
-_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "Optional[str]": str}  # Config's annotations
+_KINDS = {"int": int, "float": float, "bool": bool, "str": str, "Optional[str]": str, "Optional[float]": float,
+          "Optional[int]": int}  # Config's annotations
 
 
 def _type_error(key: str, value: Any) -> ConfigError | None:
     """The error for a value of the wrong type for ``key`` (an int is a float too; a bool is
     not a number), or None."""
-    kind = _KINDS[next(str(f.type) for f in fields(Config) if f.name == key)]
-    if value is None and key == "model":
+    if key == "kv_capacity" and value == "auto":
+        return None
+    kind = int if key == "kv_capacity" else _KINDS[next(str(f.type) for f in fields(Config) if f.name == key)]
+    if value is None and str(next(f.type for f in fields(Config) if f.name == key)).startswith("Optional"):
         return None
     ok = isinstance(value, (int, float) if kind is float else kind)
     if not ok or kind is not bool and isinstance(value, bool):
         hint = " (values are literal: ${...} interpolation is not supported)" if "${" in str(value) else ""
-        return ConfigError(f"{key}={format_value(value)} is not valid: expected {TYPE_NAMES[kind]}{hint}")
+        expected = TYPE_NAMES[kind] + (" or auto" if key == "kv_capacity" else "")
+        return ConfigError(f"{key}={format_value(value)} is not valid: expected {expected}{hint}")
     return None
 
 
@@ -239,7 +250,8 @@ def _config_error(exc: OmegaConfBaseException) -> ConfigError:
 
 
 INT_RANGES = {"max_new_tokens": (1, INT64_MAX), "top_k": (0, INT64_MAX), "seed": (0, INT64_MAX),
-              "spec_k": (1, INT64_MAX), "kv_page_size": (1, INT64_MAX), "kv_capacity": (1, INT64_MAX)}
+              "spec_k": (1, INT64_MAX), "kv_page_size": (1, INT64_MAX), "kv_capacity": (1, INT64_MAX),
+              "prefill_chunk": (1, INT64_MAX), "threads": (0, 4096)}
 
 
 def _check_values(config: Config) -> None:
@@ -259,32 +271,48 @@ def _check_values(config: Config) -> None:
             raise ConfigError(f"{key}={value} is not valid; choose one of: {', '.join(valid)}")
     for key, (low, high) in INT_RANGES.items():
         value = getattr(config, key)
-        if not low <= value <= high:
+        if key == "kv_capacity" and value == "auto":
+            continue
+        if value is not None and not low <= value <= high:
             raise ConfigError(f"{key}={value} is not valid: must be an integer in [{low}, {_int_name(high)}]")
-    if config.kv_page_size > config.kv_capacity:  # the engine would reject it (a pool of one page at least)
+    fraction = config.memory_fraction
+    if not (math.isfinite(fraction) and 0 < fraction <= 1):
+        raise ConfigError(f"memory_fraction={fraction} is not valid: must be a finite number in (0, 1]")
+    if config.kv_capacity != "auto" and config.kv_page_size > config.kv_capacity:  # the engine would reject it (a pool of one page at least)
         raise ConfigError(f"kv_page_size ({config.kv_page_size}) is larger than kv_capacity ({config.kv_capacity}): "
                           "lower kv_page_size")
-    check_sampling(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
+    check_sampling({key: getattr(config, key) for key in SAMPLING_KEYS if getattr(config, key) is not None})
 
 
 def _int_name(value: int) -> str:
     return "2**63 - 1" if value == INT64_MAX else str(value)
 
 
-def check_sampling(temperature: float, top_k: int, top_p: float, min_p: float, seed: int) -> None:
-    """The sampling settings' types and ranges (ConfigError naming the first bad one): the config
-    and ``SamplingParams`` both check with this. Floats must be finite: ``temperature >= 0`` (0:
-    greedy), ``0 < top_p <= 1``, ``0 <= min_p < 1``; ``top_k >= 0`` and a seed in ``[0, 2**63 - 1]``."""
-    for key, value, in_range, rule in (
-        ("temperature", temperature, lambda v: v >= 0, ">= 0"),
-        ("top_p", top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
-        ("min_p", min_p, lambda v: 0 <= v < 1, "in [0, 1)"),
-    ):
-        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        if not (number and math.isfinite(value) and in_range(value)):
-            raise ConfigError(f"{key}={value} is not valid: must be a finite number {rule}")
-    for key, value in (("top_k", top_k), ("seed", seed)):
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= value <= INT64_MAX:
+# The config keys that are SamplingParams fields (a generation's own values override them).
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")
+_FLOAT_RULES = {
+    "temperature": (lambda v: v >= 0, ">= 0"),
+    "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "min_p": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "presence_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "frequency_penalty": (lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "repetition_penalty": (lambda v: v > 0, "> 0"),
+}
+
+
+def check_sampling(values: Mapping[str, Any]) -> None:
+    """The sampling settings' types and ranges (ConfigError naming the first bad one), for the keys
+    ``values`` holds: the config and ``SamplingParams`` both check with this. Floats must be finite:
+    ``temperature >= 0`` (0: greedy), ``0 < top_p <= 1``, ``0 <= min_p < 1``, presence and frequency
+    penalties in ``[-2, 2]``, ``repetition_penalty > 0``; ``top_k >= 0`` and a seed in ``[0, 2**63 - 1]``."""
+    for key, value in values.items():
+        if key in _FLOAT_RULES:
+            in_range, rule = _FLOAT_RULES[key]
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and in_range(value)):
+                raise ConfigError(f"{key}={value} is not valid: must be a finite number {rule}")
+        elif not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= value <= INT64_MAX:
             raise ConfigError(f"{key}={value} is not valid: must be an integer in [0, 2**63 - 1]")
 
 

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from tileinfer.errors import NumericsError, PluginError
-from tileinfer.interfaces import Draft, KVStore, Proposer, Sample, Sampler, Step
+from tileinfer.interfaces import Draft, KVStore, Proposer, Sample, Sampler
 from tileinfer.model import Qwen3Model
-from tileinfer.speculative import finite_or, verify_greedy, verify_sampled
+from tileinfer.prefill import ChunkCallback, chunked_prefill
+from tileinfer.sampling_step import SamplingStep, TokenLogprob
+from tileinfer.speculative import DraftLength, finite_or, verify_greedy, verify_sampled
 from tileinfer.steps import StepRunner
 
 
@@ -56,15 +58,16 @@ def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
 
 @torch.inference_mode()
 def prefill(model: Qwen3Model, kv: KVStore, sampler: Sampler, ids: Sequence[int], capture: Collection[int] = (),
-            who: str = "sampler") -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Run the prompt ``ids`` as one step from position 0 (the KV store empty) and sample the token
-    after it. Returns that token as a ``[1]`` int64 tensor on the device, not read by the host (-1
-    if the logits are not finite), and the hidden states of the layers in ``capture``."""
-    step = Step.at(0, len(ids), model.device)
-    kv.reserve(step.end)
-    tokens = torch.tensor(list(ids), dtype=torch.int64, device=model.device)
-    logits, hidden = model.forward(tokens, step, kv, last_only=True, capture=capture)
-    return finite_or(checked_sample(sampler, logits, who).tokens, logits), hidden
+            who: str = "sampler", *, chunk: int | None = None, on_chunk: ChunkCallback | None = None,
+            progress: bool = False) -> torch.Tensor:
+    """Run the prompt ``ids`` from position 0 (the KV store empty) in steps of at most ``chunk``
+    tokens (None: one step) and sample the token after it (``tileinfer.prefill.chunked_prefill``:
+    ``on_chunk`` gets each chunk's ids, start and hidden states of the layers in ``capture``;
+    ``progress`` shows a progress line on a terminal). Returns that token as a ``[1]`` int64 tensor
+    on the device, not read by the host (-1 if the logits are not finite)."""
+    logits = chunked_prefill(model, kv, ids, chunk=chunk or max(len(ids), 1), capture=capture, on_chunk=on_chunk,
+                             progress=progress)
+    return finite_or(checked_sample(sampler, logits, who).tokens, logits)
 
 
 class HostTokens:
@@ -108,39 +111,56 @@ class HostTokens:
 class Decoder:
     """One generation at a time over the engine's model, KV store, sampler and step runner.
 
-    ``proposer`` (with ``spec_k`` tokens drafted per step) makes the sequential steps verify
-    drafts; ``pipelined`` selects the pipelined mode (a CUDA device and no proposer: the engine
-    decides). ``who`` names the sampler's plugin in errors.
+    ``proposer`` (with ``spec_k`` tokens drafted per step, or with ``spec_adaptive`` between 1 and
+    ``spec_k`` from the last step's acceptance: ``speculative.DraftLength``) makes the sequential
+    steps verify drafts; ``pipelined`` selects the pipelined mode (a CUDA device and no proposer: the engine
+    decides). ``who`` names the sampler's plugin in errors. The prompt is prefilled in steps of at
+    most ``prefill_chunk`` tokens (None: one step), the proposer fed each chunk; ``progress`` shows
+    a long prefill's progress on a terminal.
     """
 
     def __init__(self, model: Qwen3Model, kv: KVStore, sampler: Sampler, steps: StepRunner, *,
-                 proposer: Proposer | None = None, spec_k: int = 0, pipelined: bool = False,
-                 who: str = "sampler") -> None:
+                 proposer: Proposer | None = None, spec_k: int = 0, spec_adaptive: bool = False,
+                 pipelined: bool = False, who: str = "sampler", prefill_chunk: int | None = None,
+                 progress: bool = False) -> None:
         assert not (pipelined and proposer), "speculative decoding is sequential"
         self.model, self.kv, self.sampler, self.steps = model, kv, sampler, steps
         self.proposer, self.spec_k, self.pipelined, self.who = proposer, spec_k, pipelined, who
+        self.prefill_chunk, self.progress = prefill_chunk, progress
+        self.draft_length = DraftLength(spec_k, spec_adaptive)
         self.host = HostTokens(model.device) if pipelined else None
         self.counters = DecodeCounters()
+        self.sampling = SamplingStep(sampler, [], 0)
+        self.logprobs: list[TokenLogprob] = []  # of the tokens yielded last, when asked for
 
-    def run(self, ids: Sequence[int], max_new: int, eos: Collection[int]) -> Iterator[list[int]]:
+    def run(self, ids: Sequence[int], max_new: int, eos: Collection[int],
+            logprobs: int | None = None) -> Iterator[list[int]]:
         """Prefill ``ids`` and decode after them; yields each step's committed tokens, the last
-        list ending at the first token in ``eos`` or at the ``max_new``-th token."""
+        list ending at the first token in ``eos`` or at the ``max_new``-th token. ``logprobs`` (top
+        tokens per position): after each yield, ``self.logprobs`` holds the yielded tokens'
+        (``sampling_step.TokenLogprob``); decoding is then sequential (the host reads them each step)."""
         assert max_new >= 1
         self.counters = DecodeCounters()
+        self.draft_length.reset()
         self.sampler.generator.manual_seed(self.sampler.params.seed)
         self.kv.reset()
-        run = self._pipelined if self.pipelined else self._sequential
+        self.sampling = SamplingStep(self.sampler, ids, len(ids) + max_new + self.spec_k + 2, logprobs)
+        self.logprobs = []
+        run = self._pipelined if self.pipelined and logprobs is None else self._sequential
         return run(list(ids), max_new, frozenset(eos))
 
     # -- sequential ------------------------------------------------------------------------------
 
     def _sequential(self, ids: list[int], max_new: int, eos: frozenset[int]) -> Iterator[list[int]]:
         capture = self.proposer.hidden_layers if self.proposer else ()
-        first, hidden = prefill(self.model, self.kv, self.sampler, ids, capture, self.who)
+        first = prefill(self.model, self.kv, self.sampling, ids, capture, self.who, chunk=self.prefill_chunk,
+                        on_chunk=self.proposer.prompt_chunk if self.proposer else None, progress=self.progress)
         out = [_finite(int(first[0]), len(ids))]
+        self.sampling.commit(out)
+        self.logprobs = self.sampling.logprobs_of(out)
         self.counters.first_token_time = time.perf_counter()
         if self.proposer:
-            self.proposer.start(ids + out, hidden)
+            self.proposer.start(ids + out)
         done = out[0] in eos or max_new == 1
         yield out[:]
         while not done:
@@ -148,6 +168,7 @@ class Decoder:
             _finite(min(new), len(ids) + len(out))
             self.counters.steps += 1
             keep, done = _until_stop(new, eos, max_new - len(out))
+            self.logprobs = self.sampling.logprobs_of(keep)
             out += keep
             yield keep
 
@@ -157,19 +178,22 @@ class Decoder:
         cached = len(sequence) - 1
         draft = Draft([])
         if self.proposer and remaining > 1:
-            draft = self.proposer.propose(sequence, min(self.spec_k, remaining - 1))
+            draft = self.proposer.propose(sequence, min(self.draft_length.k, remaining - 1))
+        self.sampling.stage(draft.tokens)
         self.kv.reserve(cached + 1 + len(draft.tokens))
         tokens = torch.tensor([sequence[-1], *draft.tokens], dtype=torch.int64, device=self.model.device)
         logits, hidden = self.steps.forward(tokens, cached)
         if not draft.tokens:
-            new = [int(finite_or(self.sampler.sample(logits).tokens, logits)[0])]
+            new = [int(finite_or(self.sampling.sample(logits).tokens, logits)[0])]
         elif self.sampler.greedy:
-            new = verify_greedy(draft.tokens, logits)
+            new = verify_greedy(draft.tokens, logits, self.sampling)
         else:
-            new = verify_sampled(draft.tokens, draft.probs, logits, self.sampler)
+            new = verify_sampled(draft.tokens, draft.probs, logits, self.sampling)
+        self.sampling.commit(new)
         kept = len(new)  # the step's token and the accepted drafts hold valid keys and values
         self.counters.drafted += len(draft.tokens)
         self.counters.accepted += kept - 1
+        self.draft_length.update(len(draft.tokens), kept - 1)
         self.kv.truncate(cached + kept)
         if self.proposer:
             self.proposer.accept(sequence + new, kept - 1, {n: h[:kept] for n, h in hidden.items()})
@@ -188,7 +212,8 @@ class Decoder:
         every emitted token (one position more than after sequential decoding)."""
         host = self.host
         host.reset()
-        token, _ = prefill(self.model, self.kv, self.sampler, ids, who=self.who)
+        token = prefill(self.model, self.kv, self.sampling, ids, who=self.who, chunk=self.prefill_chunk,
+                        progress=self.progress)
         host.send(0, token)
         done = False
         while not done:
@@ -211,7 +236,8 @@ class Decoder:
         ``cached``; returns the token it samples, on the device. No host sync."""
         self.kv.reserve(cached + 1)
         logits, _ = self.steps.forward(token, cached)
-        return finite_or(self.sampler.sample(logits).tokens, logits)
+        self.sampling.commit(token)
+        return finite_or(self.sampling.sample(logits).tokens, logits)
 
 
 def _finite(token: int, position: int) -> int:

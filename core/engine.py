@@ -12,6 +12,7 @@ Engine per concurrent user, or serialize the calls.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import threading
 import time
@@ -21,17 +22,19 @@ from pathlib import Path
 
 import torch
 
-from tileinfer.config import Config, ConfigSource, load_config, resolve_config
+from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource, load_config, resolve_config
 from tileinfer.decoding import Decoder
 from tileinfer.errors import ConfigError, UsageError
 from tileinfer.interfaces import KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams
-from tileinfer.loading import CheckpointReader
-from tileinfer.memory import check_fits
+from tileinfer.loading import CheckpointReader, resolve_quantize
+from tileinfer.memory import check_fits, tensor_bytes
 from tileinfer.model import Backend, Qwen3Model
 from tileinfer.model_config import ModelConfig
 from tileinfer.notices import notice
 from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
 from tileinfer.registry import Registry, build_registry
+from tileinfer.sampling_step import TokenLogprob, check_logprobs
+from tileinfer.threads import cpu_threads
 from tileinfer.resolution import implementation_options, resolve_dtype
 from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps
 from tileinfer.tokenizer import StreamDecoder, Tokenizer
@@ -48,6 +51,9 @@ class GenerationStats:
     drafted_tokens: int  # speculative tokens proposed (0 without a proposer)
     accepted_tokens: int  # of which the target kept
     finish_reason: str  # "eos" or "length"
+    weight_bytes: int  # bytes of the loaded weights (INT8 linears: int8 rows and float32 scales)
+    kv_bytes: int  # bytes of the KV pool
+    kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Chunk:
     token_ids: list[int]
     text: str | None
     stats: GenerationStats | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token, when stream(logprobs=) asked for them
 
 
 @dataclass
@@ -66,9 +73,13 @@ class Generation:
     token_ids: list[int]  # the new tokens (an EOS that ended the generation included)
     text: str | None  # their text, special tokens skipped (None without a tokenizer)
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None  # one per token, when generate(logprobs=) asked for them
 
     def to_dict(self) -> dict:
-        return {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
+        out = {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
+        if self.logprobs is not None:
+            out["logprobs"] = [asdict(lp) for lp in self.logprobs]
+        return out
 
 
 def model_folder(config: Config) -> Path:
@@ -97,17 +108,25 @@ class Engine:
 
     >>> engine = Engine.from_config(model="path/to/Qwen3-0.6B")
     >>> engine.generate("def fib(n):", max_new_tokens=32).text
+
+    ``progress``: when stderr is a terminal, a bar while the layers load and a line while a prompt
+    of more than ``prefill_chunk`` tokens is prefilled (``tileinfer.prefill``); False: neither.
     """
 
     def __init__(self, config: Config, registry: Registry | None = None, *, progress: bool = True) -> None:
         # Everything a user can get wrong is checked before the weights are read.
         self.registry = registry or build_registry()
+        self.progress = progress  # the loading bar, and a long prefill's progress line, on a terminal
         config = resolve_config(config, self.registry)
         self.config = config
         self.folder = folder = model_folder(config)
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads(config.threads))
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model_config = ModelConfig.from_folder(folder)
+        quantize = resolve_quantize(config.quantize, folder)  # an INT8 checkpoint: int8
+        config = self.config = dataclasses.replace(config, quantize=quantize)
         options = {kind: implementation_options(config, kind, self.registry)
                    for kind in ("linear", "attention", "kv_store", "sampler")}
         backend = Backend(self.registry.get("linear", config.linear), self.registry.get("attention", config.attention),
@@ -119,7 +138,10 @@ class Engine:
                                       positions=self.num_pages * config.kv_page_size)
         reader.close()
         self.kv = self._build_kv(options["kv_store"])
-        self.default_sampling = SamplingParams(config.temperature, config.top_k, config.top_p, config.min_p, config.seed)
+        self.weight_bytes = tensor_bytes(self.model.embed, self.model.layers, self.model.lm_head,
+                                         exclude=(self.model.rope,))
+        self.kv_bytes = tensor_bytes(self.kv)
+        self.default_sampling = SamplingParams(**{key: getattr(config, key) for key in SAMPLING_KEYS})
         self.sampler = self.registry.get("sampler", config.sampler)(self.default_sampling, self.device,
                                                                     options=options["sampler"])
         self.proposer: Proposer | None = None
@@ -176,7 +198,9 @@ class Engine:
             steps = EagerSteps(self.model, self.kv, capture)
         entry = self.registry.entry("sampler", config.sampler)
         return Decoder(self.model, self.kv, self.sampler, steps, proposer=self.proposer, spec_k=config.spec_k,
-                       pipelined=pipelined, who=f"sampler={config.sampler} ({entry.origin})")
+                       spec_adaptive=config.spec_adaptive, pipelined=pipelined,
+                       who=f"sampler={config.sampler} ({entry.origin})",
+                       prefill_chunk=config.prefill_chunk, progress=self.progress)
 
     @classmethod
     def from_config(cls, *sources: ConfigSource, overrides: Sequence[str] = (), registry: Registry | None = None,
@@ -197,7 +221,8 @@ class Engine:
     # -- generation ----------------------------------------------------------------------------
 
     def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-               ignore_eos: bool = False, sampling: SamplingParams | None = None) -> Iterator[Chunk]:
+               ignore_eos: bool = False, sampling: SamplingParams | None = None,
+               logprobs: int | None = None) -> Iterator[Chunk]:
         """Generate from a text prompt (``chat`` wraps it in the chat template) or from token ids,
         yielding a ``Chunk`` per decoding step as its tokens are committed, then a last chunk with
         the stats. The prompt is checked when this is called; decoding starts at the first
@@ -205,9 +230,13 @@ class Engine:
 
         Stops at an EOS token of generation_config.json (unless ``ignore_eos``, as benchmarks do)
         or after ``max_new_tokens`` (default: the config's). ``sampling``: this generation's
-        temperature, top-k, top-p, min-p and seed (default: the config's).
+        temperature, top-k, top-p, min-p, seed and penalties (default: the config's). ``logprobs``:
+        each chunk also carries its tokens' ``TokenLogprob`` (the log-softmax of the model's raw
+        logits, before penalties and temperature, as vLLM returns by default) with the ``logprobs``
+        most likely tokens of each position (0 to 20); decoding is then sequential (no pipelining).
         """
         check_flag("ignore_eos", ignore_eos)
+        logprobs = check_logprobs(logprobs)
         if sampling is not None and not isinstance(sampling, SamplingParams):
             raise UsageError(f"sampling must be a tileinfer.interfaces.SamplingParams, got {type(sampling).__name__}")
         ids = prompt_ids(prompt, chat, self.tokenizer, self.folder)
@@ -215,9 +244,11 @@ class Engine:
         mc = self.model_config
         check_ids(ids, max_new, vocab=mc.vocab_size, capacity=self.capacity,
                   draft=self.config.spec_k if self.proposer else 0, max_positions=mc.max_positions)
-        return self._stream(ids, max_new, () if ignore_eos else mc.eos_token_ids, sampling or self.default_sampling)
+        return self._stream(ids, max_new, () if ignore_eos else mc.eos_token_ids, sampling or self.default_sampling,
+                            logprobs)
 
-    def _stream(self, ids: list[int], max_new: int, eos: tuple[int, ...], sampling: SamplingParams) -> Iterator[Chunk]:
+    def _stream(self, ids: list[int], max_new: int, eos: tuple[int, ...], sampling: SamplingParams,
+                logprobs: int | None = None) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):
             raise UsageError("this Engine is already generating (it runs one sequence at a time): finish or close "
                              "the other stream first, or use one Engine per thread")
@@ -226,9 +257,10 @@ class Engine:
             text = StreamDecoder(self.tokenizer) if self.tokenizer else None
             out: list[int] = []
             start = time.perf_counter()
-            for tokens in self.decoder.run(ids, max_new, eos):
+            for tokens in self.decoder.run(ids, max_new, eos, logprobs):
                 out += tokens
-                yield Chunk(tokens, "".join(text.push(t) for t in tokens) if text else None)
+                yield Chunk(tokens, "".join(text.push(t) for t in tokens) if text else None,
+                            logprobs=self.decoder.logprobs if logprobs is not None else None)
             end = time.perf_counter()
             counters = self.decoder.counters
             decode_s = end - counters.first_token_time
@@ -242,19 +274,27 @@ class Engine:
                 drafted_tokens=counters.drafted,
                 accepted_tokens=counters.accepted,
                 finish_reason="eos" if out[-1] in eos else "length",
+                weight_bytes=self.weight_bytes,
+                kv_bytes=self.kv_bytes,
+                kv_capacity=self.capacity,
             )
             yield Chunk([], text.flush() if text else None, stats)
         finally:
             self._busy.release()
 
     def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-                 ignore_eos: bool = False, sampling: SamplingParams | None = None) -> Generation:
-        """``stream`` collected: the new tokens, their text (special tokens skipped) and the stats."""
+                 ignore_eos: bool = False, sampling: SamplingParams | None = None,
+                 logprobs: int | None = None) -> Generation:
+        """``stream`` collected: the new tokens, their text (special tokens skipped), the stats, and
+        with ``logprobs`` each token's ``TokenLogprob``."""
         out: list[int] = []
         stats = None
+        lps: list[TokenLogprob] | None = [] if logprobs is not None else None
         for chunk in self.stream(prompt, max_new_tokens=max_new_tokens, chat=chat, ignore_eos=ignore_eos,
-                                 sampling=sampling):
+                                 sampling=sampling, logprobs=logprobs):
             out += chunk.token_ids
             stats = chunk.stats or stats
+            if lps is not None and chunk.logprobs:
+                lps += chunk.logprobs
         text = self.tokenizer.decode(out) if self.tokenizer else None
-        return Generation(out, text, stats)
+        return Generation(out, text, stats, lps)

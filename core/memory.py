@@ -4,6 +4,7 @@
 byte a weight plus a float32 scale a row) and the KV pool (keys and values of every layer for the
 pool's positions: model-dtype pages, or INT8 pages with a float32 scale per cached vector).
 ``check_fits`` raises a ConfigError, naming both parts and the free memory, when they exceed it.
+``auto_positions`` sizes the pool of ``kv_capacity=auto`` from a share of the free memory.
 """
 
 from __future__ import annotations
@@ -56,6 +57,79 @@ def kv_bytes(mc: ModelConfig, positions: int, dtype: torch.dtype, storage: str) 
     return vectors * mc.head_dim * (torch.finfo(dtype).bits // 8)
 
 
+def activation_bytes(mc: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
+    """An upper estimate of the activations of one step of ``tokens`` tokens (a prefill chunk): per
+    token, the residual stream and its normed copy, q/k/v, the attention output and the SwiGLU's
+    gate, up and product, in ``dtype``, plus one row of float32 logits. Freed after each step."""
+    size = torch.finfo(dtype).bits // 8
+    qkv = (mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim
+    per_token = 3 * mc.hidden_size + 2 * qkv + mc.num_heads * mc.head_dim + 3 * mc.intermediate_size
+    return tokens * per_token * size + 4 * mc.vocab_size
+
+
+def auto_positions(mc: ModelConfig, *, device: torch.device, dtype: torch.dtype, quantize: str, storage: str,
+                   page_size: int, chunk: int, fraction: float, free: int | None = None) -> int:
+    """``kv_capacity=auto``: the model's context (``max_position_embeddings``), or, when fewer fit,
+    the whole pages that ``fraction`` of the free memory of ``device`` holds after the weights and
+    one prefill chunk's activations (as vLLM sizes its pool from gpu_memory_utilization). A
+    ConfigError when not one page fits. ``free``: that figure, measured when not given."""
+    free = free_bytes(device) if free is None else free
+    weights, activations = weight_bytes(mc, dtype, quantize), activation_bytes(mc, min(chunk, mc.max_positions), dtype)
+    budget = int(fraction * free) - weights - activations
+    per_page = kv_bytes(mc, page_size, dtype, storage)
+    pages = max(budget, 0) // per_page
+    if pages < 1:
+        raise ConfigError(f"kv_capacity=auto: the weights ({_size(weights)}) and a prefill chunk's activations "
+                          f"({_size(activations)}) leave no room for one KV page ({_size(per_page)}) in "
+                          f"memory_fraction={fraction} of the {_size(free)} free on {device.type}; lower prefill_chunk"
+                          + ("" if quantize == "int8" else " or set quantize=int8"))
+    return min(mc.max_positions, pages * page_size)
+
+
+def tensor_bytes(*roots, exclude: tuple = ()) -> int:
+    """Bytes of the tensors reachable from ``roots`` (through lists, tuples, dicts and the attributes
+    of objects, a few levels deep), each storage counted once; an INT8 weight counts its int8 rows
+    and float32 scales. Tensors sharing a storage with one reachable from ``exclude`` are left out
+    (the model's RoPE tables, held by each attention layer, are not weights)."""
+    from tileinfer.quantize import Int8Weight
+
+    seen: set[int] = set()
+    total = 0
+
+    def visit(obj, depth: int, count: bool) -> None:
+        nonlocal total
+        if isinstance(obj, Int8Weight):
+            for t in (obj.q, obj.scale):
+                visit(t, depth, count)
+        elif isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes() if count else 0
+        elif depth > 0 and isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item, depth - 1, count)
+        elif depth > 0 and isinstance(obj, dict):
+            for item in obj.values():
+                visit(item, depth - 1, count)
+        elif depth > 0 and hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for item in vars(obj).values():
+                visit(item, depth - 1, count)
+
+    for root in exclude:
+        visit(root, 6, False)
+    for root in roots:
+        visit(root, 6, True)
+    return total
+
+
+def _size(n: int) -> str:
+    for unit, name in ((GIB, "GiB"), (2**20, "MiB")):
+        if n >= unit:
+            return f"{n / unit:.1f} {name}"
+    return f"{n / 1024:.1f} KiB"
+
+
 def check_fits(mc: ModelConfig, *, device: torch.device, dtype: torch.dtype, quantize: str, positions: int,
                storage: str, free: int | None = None) -> None:
     """A ConfigError when the weights and a KV pool of ``positions`` positions exceed the free
@@ -69,4 +143,4 @@ def check_fits(mc: ModelConfig, *, device: torch.device, dtype: torch.dtype, qua
                           + ("" if quantize == "int8" else " or set quantize=int8"))
 
 
-__all__ = ["check_fits", "free_bytes", "kv_bytes", "weight_bytes"]
+__all__ = ["activation_bytes", "auto_positions", "check_fits", "free_bytes", "kv_bytes", "tensor_bytes", "weight_bytes"]

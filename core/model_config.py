@@ -138,6 +138,68 @@ class ModelConfig:
         )
 
 
+QUANT_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized")  # int8 weights: packed int32, or plain int8
+
+
+def read_quantization(folder: Path) -> str:
+    """The weight format of the checkpoint in ``folder``: ``"int8"`` when its config.json has a
+    supported ``quantization_config`` (:func:`quantization_of`), else ``"none"``."""
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint folder?)")
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {_kind(raw)}")
+    return quantization_of(raw, str(path))
+
+
+def quantization_of(raw: dict, source: str) -> str:
+    """``"int8"`` for a compressed-tensors W8A16 ``quantization_config`` (symmetric int8 weights,
+    one scale per output channel, no activation quantization), ``"none"`` without one; anything
+    else is a CheckpointError naming the key and what tileinfer reads instead."""
+    qc = raw.get("quantization_config")
+    if qc is None:
+        return "none"
+    where = f"{source}: quantization_config"
+    supported = "tileinfer reads compressed-tensors W8A16 (int8 weights, one scale per output channel)"
+    if not isinstance(qc, dict):
+        raise CheckpointError(f"{where} must be a JSON object, got {_show(qc)}")
+    if qc.get("quant_method") != "compressed-tensors":
+        raise CheckpointError(f"{where}.quant_method {_show(qc.get('quant_method'))} is not supported; {supported}")
+    if qc.get("quantization_status", "compressed") != "compressed":
+        raise CheckpointError(f"{where}.quantization_status {_show(qc.get('quantization_status'))} is not supported "
+                              "(only compressed checkpoints)")
+    for key in ("sparsity_config", "transform_config", "kv_cache_scheme"):
+        if qc.get(key):
+            raise CheckpointError(f"{where}.{key} is not supported (got {_show(qc[key])}); {supported}")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise CheckpointError(f"{where}.config_groups must be a non-empty JSON object, got {_show(groups)}")
+    for name, group in groups.items():
+        key = f"{where}.config_groups.{name}"
+        if not isinstance(group, dict) or not isinstance(group.get("weights"), dict):
+            raise CheckpointError(f"{key} must be a JSON object with a weights object, got {_show(group)}")
+        fmt = group.get("format") or qc.get("format")
+        if fmt not in QUANT_FORMATS:
+            raise CheckpointError(f"{key}: format {_show(fmt)} is not supported (supported: {', '.join(QUANT_FORMATS)})")
+        for act in ("input_activations", "output_activations"):
+            if group.get(act) is not None:
+                raise CheckpointError(f"{key}.{act}: activation quantization is not supported; {supported}")
+        w = group["weights"]
+        if w.get("strategy") == "group" or w.get("group_size") not in (None, -1):
+            raise CheckpointError(f"{key}.weights: group-wise scales (strategy {_show(w.get('strategy'))}, group_size "
+                                  f"{_show(w.get('group_size'))}) are not supported; tileinfer reads one scale per "
+                                  "output channel (strategy \"channel\")")
+        expected = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+        for field_, value in expected.items():
+            if w.get(field_) != value:
+                raise CheckpointError(f"{key}.weights.{field_} {_show(w.get(field_))} is not supported (needs "
+                                      f"{_show(value)}); {supported}")
+        if w.get("dynamic") not in (None, False) or w.get("actorder") not in (None, False):
+            raise CheckpointError(f"{key}.weights: dynamic or activation-ordered weights are not supported; {supported}")
+    return "int8"
+
+
 # Upper bounds of the integer keys: far above every published Qwen3 checkpoint (Qwen3-235B-A22B:
 # hidden 4096, 94 layers, 64 heads; vocab 151936; at most 262144 positions in the 2507 releases),
 # low enough that sizes derived from them stay far from int64 overflow. Positions are bounded by

@@ -3,9 +3,13 @@ responses and stream chunks built as OpenAI's API shapes them, errors as
 ``{"error": {"message", "type", "param", "code"}}``, and stop strings matched in streamed text.
 
 Nothing here decodes: the server hands ``ParsedRequest`` to ``Engine.stream``. A field tileinfer
-does not implement (penalties, logprobs, tools, n > 1, ...) is a 400 error naming it unless it
-has its no-op value (``presence_penalty: 0``, ``n: 1``, ``logprobs: false``); a field OpenAI does
-not define is a 400 error too. ``null`` counts as absent, as in OpenAI's API.
+does not implement (``logit_bias``, tools, n > 1, ...) is a 400 error naming it unless it has its
+no-op value (``n: 1``, ``logit_bias: {}``); a field OpenAI does not define is a 400 error too.
+``null`` counts as absent, as in OpenAI's API.
+
+Logprobs (chat: ``logprobs: true`` and ``top_logprobs`` 0 to 20; completions: ``logprobs`` 0 to
+20) are of the model's raw distribution (log-softmax of its logits, before penalties and
+temperature, as vLLM returns by default); a token's ``token`` is its text decoded alone.
 """
 
 from __future__ import annotations
@@ -20,24 +24,24 @@ from typing import Any
 # Fields with an effect, per endpoint (``user`` is OpenAI's end-user id for abuse monitoring: no
 # effect on the reply, accepted).
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
-           "stream_options", "user"}
+           "stream_options", "user", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs"}
 FIELDS = {
-    "chat": _COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs"},
+    "chat": _COMMON | {"messages", "max_completion_tokens", "chat_template_kwargs", "top_logprobs"},
     "completion": _COMMON | {"prompt"},
 }
 # OpenAI fields tileinfer does not implement: accepted only at these no-op values.
-_PENALTIES = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
-              "n": (1,)}
+_NO_OPS = {"logit_bias": ({},), "n": (1,)}
 NOT_IMPLEMENTED = {
-    "chat": {**_PENALTIES, "logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",),
+    "chat": {**_NO_OPS, "tools": ([],), "tool_choice": ("none",),
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "response_format": ({"type": "text"},), "store": (False,), "metadata": ({},), "modalities": (["text"],),
              "reasoning_effort": (), "service_tier": ("auto", "default"), "prediction": (), "audio": (),
              "web_search_options": ()},
-    "completion": {**_PENALTIES, "logprobs": (), "best_of": (1,), "echo": (False,), "suffix": ("",)},
+    "completion": {**_NO_OPS, "best_of": (1,), "echo": (False,), "suffix": ("",)},
 }
 _TEMPLATE_RESERVED = {"messages", "add_generation_prompt", "bos_token", "eos_token"}
 MAX_STOPS = 16
+MAX_LOGPROBS = 20
 
 
 class APIError(Exception):
@@ -72,6 +76,7 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     chat_template_kwargs: dict = field(default_factory=dict)
+    logprobs: int | None = None  # top tokens per position; None: no logprobs
 
 
 def parse_request(kind: str, body: object) -> ParsedRequest:
@@ -106,6 +111,7 @@ def parse_request(kind: str, body: object) -> ParsedRequest:
             raise bad("max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
         max_tokens = other if max_tokens is None else max_tokens
     request = ParsedRequest(kind, model, None, None, max_tokens, _sampling(body), _stops(body), stream, include_usage)
+    request.logprobs = _logprobs(kind, body)
     if kind == "chat":
         request.messages = _messages(body)
         kwargs = _typed(body, "chat_template_kwargs", dict) or {}
@@ -154,7 +160,7 @@ def _positive(body: dict, name: str) -> int | None:
 def _sampling(body: dict) -> dict[str, Any]:
     """The SamplingParams fields the request sets (their ranges are checked by SamplingParams)."""
     out: dict[str, Any] = {}
-    for name in ("temperature", "top_p", "min_p"):
+    for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
         value = body.get(name)
         if value is None:
             continue
@@ -168,6 +174,23 @@ def _sampling(body: dict) -> dict[str, Any]:
     if seed is not None:
         out["seed"] = seed
     return out
+
+
+def _logprobs(kind: str, body: dict) -> int | None:
+    """Top tokens per position, or None: chat ``logprobs`` (a boolean) with ``top_logprobs``;
+    completions ``logprobs`` (an integer)."""
+    if kind == "completion":
+        value = _integer(body, "logprobs")
+        if value is not None and not 0 <= value <= MAX_LOGPROBS:
+            raise bad(f"logprobs must be in [0, {MAX_LOGPROBS}], got {value}", "logprobs")
+        return value
+    wanted = _typed(body, "logprobs", bool) or False
+    top = _integer(body, "top_logprobs")
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise bad(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {top}", "top_logprobs")
+    if top and not wanted:
+        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def _stops(body: dict) -> list[str]:
@@ -273,30 +296,71 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def response(kind: str, rid: str, created: int, model: str, text: str, finish: str, counts: dict) -> dict:
+@dataclass
+class Logprob:
+    """One generated token for the wire: its text, logprob, and the top tokens' (text, logprob)."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = field(default_factory=list)
+
+
+def _entry(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def logprobs_body(kind: str, entries: list[Logprob] | None, offset: int = 0) -> dict | None:
+    """OpenAI's ``logprobs`` of a choice: chat ``{"content": [{token, logprob, bytes, top_logprobs}]}``;
+    completions ``{tokens, token_logprobs, top_logprobs, text_offset}`` (offsets from ``offset``)."""
+    if entries is None:
+        return None
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish}
+        return {"content": [{**_entry(e.token, e.logprob), "top_logprobs": [_entry(t, lp) for t, lp in e.top]}
+                            for e in entries]}
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [_top_dict(e.top) for e in entries], "text_offset": offsets}
+
+
+def _top_dict(top: list[tuple[str, float]]) -> dict[str, float]:
+    """Completions' ``{token: logprob}``, most likely first; of two tokens with the same text (two
+    byte pieces decoded alone as U+FFFD) the likelier one."""
+    out: dict[str, float] = {}
+    for token, logprob in top:
+        out.setdefault(token, logprob)
+    return out
+
+
+def response(kind: str, rid: str, created: int, model: str, text: str, finish: str, counts: dict,
+             logprobs: list[Logprob] | None = None) -> dict:
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": logprobs_body(kind, logprobs), "finish_reason": finish}
         return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
                 "usage": counts}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    choice = {"index": 0, "text": text, "logprobs": logprobs_body(kind, logprobs), "finish_reason": finish}
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice],
             "usage": counts}
 
 
 def chunk(kind: str, rid: str, created: int, model: str, *, text: str | None = None, finish: str | None = None,
-          role: bool = False, counts: dict | None = None, include_usage: bool = False) -> dict:
-    """One streamed chunk: a text delta (``role`` on the first chat chunk), the finish reason, or
-    (``counts``) the last chunk with usage and no choices."""
+          role: bool = False, counts: dict | None = None, include_usage: bool = False,
+          logprobs: dict | None = None) -> dict:
+    """One streamed chunk: a text delta (``role`` on the first chat chunk) with its tokens'
+    ``logprobs`` (``logprobs_body``), the finish reason, or (``counts``) the last chunk with usage
+    and no choices."""
     if counts is not None:
         choices = []
     elif kind == "chat":
         delta: dict = {"role": "assistant", "content": text or ""} if role else {}
         if text and not role:
             delta["content"] = text
-        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
     else:
-        choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+        choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
     out = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion", "created": created,
            "model": model, "choices": choices}
     if include_usage:

@@ -1,5 +1,7 @@
 """From a loaded config to the implementations a run uses: ``auto`` resolved, options validated,
-each chosen implementation asked whether it can run. Called through ``config.resolve_config``.
+each chosen implementation asked whether it can run, and the KV capacity in positions (from the
+checkpoint's config.json and the free memory, before any weight loads). Called through
+``config.resolve_config``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from tileinfer.config import Config, options_of
 from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import KINDS
 from tileinfer.interfaces import RunSpec
+from tileinfer.loading import resolve_quantize
+from tileinfer.memory import auto_positions
+from tileinfer.model_config import ModelConfig
+from tileinfer.notices import notice
 from tileinfer.options import check_options
 from tileinfer.registry import Registry
+from tileinfer.sampling_defaults import fill_sampling
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -44,13 +51,14 @@ def resolve(config: Config, registry: Registry) -> Config:
     from tileinfer.engine import model_folder  # lazily: the engine imports the config
 
     try:
-        model_folder(config)  # the folder exists (or the shipped model is installed), as generate checks it
+        folder = model_folder(config)  # the folder exists (or the shipped model is installed), as generate checks it
     except (OSError, ValueError) as exc:  # a name too long, a NUL byte
         raise ConfigError(f"model={config.model!r}: not a folder ({exc})") from None
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     _check_option_names(config, registry)
     kv_class = registry.get("kv_store", config.kv_store)
+    config = dataclasses.replace(config, quantize=resolve_quantize(config.quantize, folder))
     base = RunSpec(device=device, dtype=dtype, quantize=config.quantize, kv_storage=kv_class.storage,
                    kv_page_size=config.kv_page_size)
     chosen: dict[str, str] = {}
@@ -72,7 +80,30 @@ def resolve(config: Config, registry: Registry) -> Config:
         if cls is not None and cls.declared_options:
             options.setdefault(name, {}).update(check_options(name, cls.declared_options,
                                                               options_of(config, name, cls.declared_options)))
-    return dataclasses.replace(config, device=device.type, dtype=dtype_name(dtype), options=options, **chosen)
+    capacity = resolve_capacity(config, ModelConfig.from_folder(folder), device, dtype, kv_class.storage)
+    sampling, _ = fill_sampling(config, folder)  # the sampling keys left null: generation_config.json's, else off
+    return dataclasses.replace(config, device=device.type, dtype=dtype_name(dtype), options=options,
+                               kv_capacity=capacity, **chosen, **sampling)
+
+
+def resolve_capacity(config: Config, mc: ModelConfig, device: torch.device, dtype: torch.dtype, storage: str) -> int:
+    """The positions the KV pool holds: ``kv_capacity`` capped by the model's context, or for
+    ``auto`` that context bounded by ``memory_fraction`` of the free memory (``memory.auto_positions``;
+    a notice when memory is the bound). A ConfigError when a page is larger than that."""
+    auto = config.kv_capacity == "auto"
+    limit = mc.max_positions if auto else min(config.kv_capacity, mc.max_positions)
+    if config.kv_page_size > limit:
+        raise ConfigError(f"kv_page_size ({config.kv_page_size}) is larger than the KV capacity ({limit} positions): "
+                          "lower kv_page_size")
+    if not auto:
+        return limit
+    capacity = auto_positions(mc, device=device, dtype=dtype, quantize=config.quantize, storage=storage,
+                              page_size=config.kv_page_size, chunk=config.prefill_chunk,
+                              fraction=config.memory_fraction)
+    if capacity < mc.max_positions:
+        notice(f"kv_capacity=auto: {capacity} positions fit in memory_fraction={config.memory_fraction} of the free "
+               f"memory, fewer than the model's context ({mc.max_positions}); prompts and replies are limited to that")
+    return capacity
 
 
 def _run_for(cls: type, name: str, config: Config, base: RunSpec) -> RunSpec:
@@ -118,4 +149,4 @@ def implementation_options(config: Config, kind: str, registry: Registry) -> dic
     return check_options(name, cls.declared_options, options_of(config, name, cls.declared_options))
 
 
-__all__ = ["dtype_name", "implementation_options", "resolve", "resolve_device", "resolve_dtype"]
+__all__ = ["dtype_name", "implementation_options", "resolve", "resolve_capacity", "resolve_device", "resolve_dtype"]

@@ -7,9 +7,10 @@ worker thread iterates each request's stream and hands its text to the request's
 queue, so nothing is lost or mixed between requests. A client that goes away (or a stop string
 that matched) closes the stream at the next step, which frees the engine for the next request.
 
-Per request, ``temperature``, ``top_p``, ``top_k``, ``min_p`` and ``seed`` default to the server's
-config (default.yaml, ``--config``, the sampling flags and KEY=VALUE), and ``max_tokens`` to its
-``max_new_tokens``. The wire format is ``tileinfer.openai_api``.
+Per request, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed`` and the penalties default
+to the server's config (the checkpoint's generation_config.json, then ``--config``, the sampling
+flags and KEY=VALUE), and ``max_tokens`` to its ``max_new_tokens``. The wire format is
+``tileinfer.openai_api``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -41,12 +43,15 @@ _DISCONNECT_CHECK_S = 0.1  # how often a waiting response asks whether its clien
 @dataclass
 class Job:
     """One admitted request: its engine stream (not started), its stop strings, and the queue of
-    events the worker sends back: ("text", str), ("done", finish_reason, completion_tokens) or
-    ("error", exception)."""
+    events the worker sends back: ("text", str, logprobs), ("done", finish_reason,
+    completion_tokens) or ("error", exception). ``describe`` turns the engine's TokenLogprob into
+    an ``openai_api.Logprob``; the logprobs of a "text" event are its tokens' (None when the
+    request asked for none; tokens whose text is held back go with the next event)."""
 
     stream: Iterator
     stops: list[str]
     loop: asyncio.AbstractEventLoop
+    describe: Callable[[Any], api.Logprob] | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
 
@@ -99,14 +104,18 @@ class Worker:
     def _run(self, job: Job) -> None:
         matcher = StopMatcher(job.stops)
         tokens, finish = 0, None
+        pending: list[api.Logprob] | None = [] if job.describe else None
         try:
             for piece in job.stream:
                 if job.cancelled or self._stopping:
                     return
                 tokens += len(piece.token_ids)
+                if pending is not None and piece.logprobs:
+                    pending += [job.describe(lp) for lp in piece.logprobs]
                 text, stopped = matcher.push(piece.text or "")
                 if text:
-                    job.send("text", text)
+                    job.send("text", text, pending)
+                    pending = [] if pending is not None else None
                 if stopped:
                     finish = "stop"
                     break
@@ -118,8 +127,8 @@ class Worker:
         finally:
             job.stream.close()  # a stop string matched: free the engine now
         rest = matcher.flush() if finish != "stop" else ""
-        if rest:
-            job.send("text", rest)
+        if rest or pending:
+            job.send("text", rest, pending)
         job.send("done", finish or "length", tokens)
 
 
@@ -189,7 +198,8 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None, mode
             raise APIError(404, f"the model {parsed.model!r} does not exist: this server serves {model_id!r}",
                            param="model", code="model_not_found")
         stream, prompt_tokens = _start(engine, parsed)
-        job = Job(stream, parsed.stop, asyncio.get_running_loop())
+        describe = _describer(engine.tokenizer) if parsed.logprobs is not None else None
+        job = Job(stream, parsed.stop, asyncio.get_running_loop(), describe)
         if not worker.submit(job):
             stream.close()
             raise APIError(503, f"the server is busy: {worker.limit - 1} requests already wait; retry later",
@@ -198,16 +208,19 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None, mode
         if parsed.stream:
             return StreamingResponse(_sse(kind, rid, made, model_id, parsed, job, prompt_tokens, request),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        texts = []
+        texts: list[str] = []
+        logprobs: list[api.Logprob] | None = [] if describe else None
         try:
             async for event in _events(job, request):
                 if event[0] == "text":
                     texts.append(event[1])
+                    if logprobs is not None:
+                        logprobs += event[2]
                 elif event[0] == "error":
                     raise _server_error(event[1])
                 else:
                     counts = api.usage(prompt_tokens, event[2])
-                    return api.response(kind, rid, made, model_id, "".join(texts), event[1], counts)
+                    return api.response(kind, rid, made, model_id, "".join(texts), event[1], counts, logprobs)
         finally:
             job.cancelled = True
         return JSONResponse(api.error_body("the client went away", "server_error"), status_code=499)
@@ -231,11 +244,22 @@ def _start(engine, parsed: api.ParsedRequest) -> tuple[Iterator, int]:
             ids = engine.tokenizer.encode(text, add_special_tokens=False)
         else:
             ids = engine.encode_prompt(parsed.prompt) if isinstance(parsed.prompt, str) else parsed.prompt
-        stream = engine.stream(ids, max_new_tokens=parsed.max_tokens, sampling=sampling)
+        stream = engine.stream(ids, max_new_tokens=parsed.max_tokens, sampling=sampling, logprobs=parsed.logprobs)
     except UsageError as exc:
         too_long = "positions, more than" in str(exc)
         raise bad(str(exc), param, "context_length_exceeded" if too_long else None) from None
     return stream, len(ids)
+
+
+def _describer(tokenizer) -> Callable[[Any], api.Logprob]:
+    """TokenLogprob -> openai_api.Logprob, each token's text decoded alone (special tokens kept)."""
+    def text(token: int) -> str:
+        return tokenizer.decode([token], skip_special_tokens=False)
+
+    def describe(lp) -> api.Logprob:
+        return api.Logprob(text(lp.token_id), lp.logprob, [(text(t), v) for t, v in lp.top])
+
+    return describe
 
 
 def _server_error(exc: BaseException) -> APIError:
@@ -270,12 +294,16 @@ async def _sse(kind: str, rid: str, made: int, model: str, parsed: api.ParsedReq
     def data(obj: dict) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
+    offset = 0  # completions' text_offset of the next token
     try:
         if kind == "chat":
             yield data(api.chunk(kind, rid, made, model, role=True, include_usage=usage_field))
         async for event in _events(job, request):
             if event[0] == "text":
-                yield data(api.chunk(kind, rid, made, model, text=event[1], include_usage=usage_field))
+                logprobs = api.logprobs_body(kind, event[2], offset)
+                offset += sum(len(e.token) for e in event[2] or ())
+                yield data(api.chunk(kind, rid, made, model, text=event[1], include_usage=usage_field,
+                                     logprobs=logprobs))
             elif event[0] == "error":
                 yield data(_server_error(event[1]).body())
                 return

@@ -5,6 +5,8 @@ models/draft beside the shipped models/target) with tileinfer's own loader and m
 the same linear and attention implementations as the target (with their options), on the target's
 device and dtype, with a KV store of its own (the run's ``kv_store``, pages of ``kv_page_size``).
 
+It prefills its own cache on the prompt chunk by chunk as the target prefills it (``prompt_chunk``:
+one step of at most ``prefill_chunk`` tokens each), and on the first sampled token at ``start``.
 Each step it catches up on the tokens the target committed that it has not cached yet (the
 target's correction or bonus token, and a last draft it had not fed), then drafts ``k`` tokens one
 at a time: greedily (``options.draft.greedy=true``, q one-hot), or drawn from its own distribution
@@ -110,7 +112,7 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
-        from tileinfer.loading import CheckpointReader
+        from tileinfer.loading import CheckpointReader, read_quantization
         from tileinfer.memory import check_fits
         from tileinfer.model import Backend, Qwen3Model
         from tileinfer.model_config import ModelConfig
@@ -136,10 +138,11 @@ class DraftModelProposer(Proposer):
                    f"({target_positions}): no drafts past position {self.capacity}")
         num_pages = -(-self.capacity // page)
         kv_class = registry.get("kv_store", config.kv_store)
-        check_fits(mc, device=target.device, dtype=target.dtype, quantize=config.quantize,
+        quantize = "int8" if read_quantization(folder) == "int8" else config.quantize  # an INT8 draft stays INT8
+        check_fits(mc, device=target.device, dtype=target.dtype, quantize=quantize,
                    positions=num_pages * page, storage=kv_class.storage)
         backend = Backend(registry.get("linear", config.linear), registry.get("attention", config.attention),
-                          config.quantize, implementation_options(config, "linear", registry),
+                          quantize, implementation_options(config, "linear", registry),
                           implementation_options(config, "attention", registry))
         reader = CheckpointReader(folder, mc, target.device, target.dtype)
         self.model = Qwen3Model.build(mc, reader.tensor, backend, progress=False, positions=num_pages * page)
@@ -167,13 +170,30 @@ class DraftModelProposer(Proposer):
     # -- the Proposer interface -----------------------------------------------------------------
 
     @torch.inference_mode()
-    def start(self, tokens: list[int], hidden: dict[int, torch.Tensor]) -> None:
-        """Prefill the draft on the prompt and the first token (if its context holds them)."""
+    def prompt_chunk(self, tokens: list[int], start: int, hidden: dict[int, torch.Tensor]) -> None:
+        """Prefill the draft on the target's chunk of the prompt, as one step of its own (while its
+        context holds it): the draft's activations are bounded by the target's prefill chunk."""
+        if start == 0:
+            self._forget()
+        if len(self._cached) != start or start + len(tokens) > self.capacity:
+            return  # past the draft's context: start() finds the prompt too long and drafts nothing
+        self.kv.reserve(start + len(tokens))
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.model.device)
+        self.model.forward(ids, Step.at(start, len(tokens), self.model.device), self.kv, last_only=True)
+        self._cached += tokens
+
+    @torch.inference_mode()
+    def start(self, tokens: list[int]) -> None:
+        """Feed the first token after the prompt (if the draft's context holds them both)."""
+        if len(tokens) <= self.capacity and self._cached == tokens[:-1]:
+            self._feed(tokens[-1:])
+            self._committed = len(tokens)
+        else:
+            self._forget()
+
+    def _forget(self) -> None:
         self.kv.reset()
         self._cached, self._committed, self._next = [], 0, None
-        if len(tokens) <= self.capacity:
-            self._feed(tokens)
-            self._committed = len(tokens)
 
     @torch.inference_mode()
     def propose(self, tokens: list[int], k: int) -> Draft:

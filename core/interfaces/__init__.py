@@ -9,7 +9,7 @@ from tileinfer.interfaces.kv_store import KVGeometry, KVStore, LayerKV
 from tileinfer.interfaces.linear import EPILOGUES, Linear, RMSNorm
 from tileinfer.interfaces.pluggable import Pluggable, RunSpec
 from tileinfer.interfaces.proposer import Draft, Proposer, ProposerContext
-from tileinfer.interfaces.sampler import Sample, Sampler, SamplingParams
+from tileinfer.interfaces.sampler import Sample, Sampler, SamplingParams, TokenHistory
 
 __all__ = [
     "Attention",
@@ -30,4 +30,5 @@ __all__ = [
     "Sampler",
     "SamplingParams",
     "Step",
+    "TokenHistory",
 ]

@@ -43,9 +43,13 @@ class ProposerContext:
 class Proposer(Pluggable, ABC):
     """Proposes drafts given the sequence so far, and is told what the target accepted.
 
+    A generation calls, in order: ``prompt_chunk`` once per prefill chunk of the prompt (the
+    engine prefills in steps of at most ``prefill_chunk`` tokens), ``start`` once the first token
+    is sampled, then ``propose`` and ``accept`` once per verify step.
+
     Set ``hidden_layers`` to the target decoder layers whose outputs (``[T, hidden]`` per layer,
-    before the final norm) the proposer wants: the engine then hands them to ``start`` (prompt
-    positions) and ``accept`` (the verify step's positions).
+    before the final norm) the proposer wants: the engine then hands them to ``prompt_chunk`` (the
+    chunk's prompt positions) and ``accept`` (the verify step's positions).
     """
 
     hidden_layers: tuple[int, ...] = ()
@@ -54,9 +58,16 @@ class Proposer(Pluggable, ABC):
         self.context = context
         self._take_options(context.options)
 
-    def start(self, tokens: list[int], hidden: dict[int, torch.Tensor]) -> None:
-        """A new generation: ``tokens`` is the prompt and its first sampled token; ``hidden`` the
-        target's hidden states of the prompt positions."""
+    def prompt_chunk(self, tokens: list[int], start: int, hidden: dict[int, torch.Tensor]) -> None:
+        """The target prefilled one chunk of the prompt: ``tokens`` are the prompt's ids at positions
+        ``start .. start + len(tokens) - 1``, ``hidden`` the target's hidden states there
+        (``[len(tokens), hidden]`` per layer of ``hidden_layers``; valid during the call only: copy
+        what is kept). Called for consecutive chunks in order; ``start == 0`` begins a new
+        generation (forget the previous one)."""
+
+    def start(self, tokens: list[int]) -> None:
+        """The prompt is prefilled (every chunk was given to ``prompt_chunk``): ``tokens`` is the
+        prompt and its first sampled token."""
 
     @abstractmethod
     def propose(self, tokens: list[int], k: int) -> Draft:

@@ -1,10 +1,10 @@
-"""Sampler: the next token(s) from logits, and the distribution it drew them from."""
+"""Sampler: the next token(s) from logits and the sequence so far, and the distribution it drew them from."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -15,24 +15,40 @@ from tileinfer.interfaces.pluggable import Pluggable
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature = 0`` is greedy; ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` are off.
+    """``temperature = 0`` is greedy; ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` are off, and so
+    are ``presence_penalty = 0``, ``frequency_penalty = 0`` and ``repetition_penalty = 1``.
+
+    Penalties (before temperature and the truncations, greedy included): ``presence_penalty`` and
+    ``frequency_penalty`` as OpenAI and vLLM define them, on the generated tokens only (each logit
+    minus ``frequency * count + presence * (count > 0)``); ``repetition_penalty`` as Hugging Face
+    and vLLM define it, on the prompt and the generated tokens (a seen token's logit divided by it
+    when positive, multiplied by it when not).
 
     Checked as the config checks them (``config.check_sampling``, a ConfigError naming the value):
     finite floats, ``temperature >= 0``, ``0 < top_p <= 1``, ``0 <= min_p < 1``, ``top_k >= 0``,
-    a seed in ``[0, 2**63 - 1]``."""
+    a seed in ``[0, 2**63 - 1]``, presence and frequency penalties in ``[-2, 2]``, a repetition
+    penalty ``> 0``."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        check_sampling(self.temperature, self.top_k, self.top_p, self.min_p, self.seed)
+        check_sampling(asdict(self))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (a sampler then reads the token history)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 @dataclass
@@ -43,12 +59,54 @@ class Sample:
     probs: torch.Tensor | None = None
 
 
+class TokenHistory:
+    """The sequence so far, on the sampler's device, kept up to date by the decoder without host syncs.
+
+    ``tokens`` ``[N]`` int64: ``tokens[:prompt_len]`` is the prompt, ``tokens[prompt_len:length]``
+    the generated tokens committed so far. Row ``i`` of the logits a sampler is given follows
+    ``tokens[:length + i]``: in a speculative verify step, ``tokens[length:length + T - 1]`` hold
+    the draft tokens fed after the last committed one (``stage``). Entries past ``length + T - 1``
+    are undefined. ``length`` and ``prompt_len`` are host ints (the host always knows how many
+    tokens it fed); token values may exist only on the device (pipelined decoding ``commit``s the
+    device tensor a step sampled).
+    """
+
+    def __init__(self, prompt: Sequence[int], capacity: int, device: torch.device) -> None:
+        self.tokens = torch.zeros(max(capacity, len(prompt)), dtype=torch.int64, device=device)
+        self.tokens[:len(prompt)] = torch.tensor(list(prompt), dtype=torch.int64)
+        self.prompt_len = self.length = len(prompt)
+
+    def commit(self, tokens: Sequence[int] | torch.Tensor) -> None:
+        """Append committed tokens (host ints, or an int64 device tensor: no sync). A negative id (a
+        step whose logits were not finite, whose result is never used) is kept as 0."""
+        n = len(tokens)
+        self.tokens[self.length:self.length + n] = (tokens.clamp(min=0) if isinstance(tokens, torch.Tensor)
+                                                    else torch.tensor(list(tokens), dtype=torch.int64).clamp(min=0))
+        self.length += n
+
+    def stage(self, drafts: Sequence[int]) -> None:
+        """Write draft tokens after the committed ones, for the verify step's rows (``length`` stays)."""
+        if drafts:
+            self.tokens[self.length:self.length + len(drafts)] = torch.tensor(list(drafts), dtype=torch.int64)
+
+    def rows(self, count: int) -> list[torch.Tensor]:
+        """The sequence each of ``count`` rows follows: views ``tokens[:length + i]``."""
+        return [self.tokens[:self.length + i] for i in range(count)]
+
+
 class Sampler(Pluggable, ABC):
     """Draws tokens from float32 logits ``[T, V]``, one per row, with its own seeded generator.
 
-    ``probs`` is the distribution ``sample`` draws from (after temperature, top-k, top-p, min-p;
-    one-hot at the argmax when greedy): the target's ``p`` in speculative sampling. ``generator``
-    is the only source of randomness, so a seed reproduces a generation.
+    ``history`` (a ``TokenHistory``, or None) is the sequence each row follows. The decoder keeps it
+    (one device copy per step) only while ``uses_history`` is true for the generation's params, and
+    then passes it as the keyword ``history``; otherwise it calls ``sample(logits)`` and
+    ``probs(logits)`` without it, so a sampler that needs no history costs nothing. A caller with
+    no sequence (a draft model's ``q``) passes none either; a sampler without a history applies
+    nothing that depends on it.
+
+    ``probs`` is the distribution ``sample`` draws from (after penalties, temperature, top-k,
+    top-p, min-p; one-hot at the argmax when greedy): the target's ``p`` in speculative sampling.
+    ``generator`` is the only source of randomness, so a seed reproduces a generation.
     """
 
     def __init__(self, params: SamplingParams, device: torch.device, *,
@@ -63,12 +121,19 @@ class Sampler(Pluggable, ABC):
     def greedy(self) -> bool:
         return self.params.greedy
 
+    @property
+    def uses_history(self) -> bool:
+        """Whether ``sample``/``probs`` read ``history`` with the current ``params`` (default: no;
+        asked at the start of each generation)."""
+        return False
+
     @abstractmethod
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, history: TokenHistory | None = None) -> torch.Tensor:
         """``[T, V]`` float32 logits -> ``[T, V]`` float32 probabilities that sum to 1 per row."""
 
     @abstractmethod
-    def sample(self, logits: torch.Tensor, *, return_probs: bool = False) -> Sample:
+    def sample(self, logits: torch.Tensor, history: TokenHistory | None = None, *,
+               return_probs: bool = False) -> Sample:
         """One token per row of ``logits``; with ``return_probs`` also the rows' ``probs``."""
 
     def draw(self, probs: torch.Tensor) -> torch.Tensor:

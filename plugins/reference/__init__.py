@@ -11,10 +11,10 @@ def tileinfer_implementations() -> list[Implementation]:
     here = "tileinfer.plugins.reference"
     return [
         Implementation("linear", "reference", f"{here}.linear:ReferenceLinear",
-                       "torch RMSNorm, matmul (cuBLAS), SwiGLU, residual add; INT8 by dequantize + matmul",
+                       "torch RMSNorm, matmul (cuBLAS), SwiGLU, residual add; INT8 weights as (x q^T) * scale in float32",
                        auto=("cpu", "cuda")),
         Implementation("attention", "reference", f"{here}.attention:ReferenceAttention",
                        "gathers the pages into dense K, V and materializes the scores", auto=("cpu", "cuda")),
         Implementation("sampler", "reference", f"{here}.sampler:ReferenceSampler",
-                       "greedy, temperature, top-k, top-p, min-p in torch"),
+                       "penalties, no-repeat n-grams, greedy, temperature, top-k, top-p, min-p in torch"),
     ]

@@ -1,15 +1,16 @@
 """ReferenceLinear: torch ops one after the other (RMSNorm, matmul, SwiGLU, residual add); INT8 by
-dequantize + matmul."""
+int8 -> model dtype (exact), matmul with float32 accumulation, then the per-channel scale."""
 
 from __future__ import annotations
 
 import torch
 
 from tileinfer.backends.reference.linear import linear
-from tileinfer.backends.reference.linear_int8 import linear_int8, quantize_int8
+from tileinfer.backends.reference.linear_int8 import linear_int8
 from tileinfer.backends.reference.rms_norm import rms_norm
 from tileinfer.backends.reference.silu_mul import silu_mul
 from tileinfer.interfaces import Linear
+from tileinfer.quantize import int8_of
 
 
 class ReferenceLinear(Linear):
@@ -20,7 +21,7 @@ class ReferenceLinear(Linear):
         super().__init__(weight, epilogue=epilogue, out_dtype=out_dtype, quantize=quantize, norm=norm,
                          options=options)
         if quantize == "int8":
-            self.weight, self.scale = quantize_int8(weight)
+            self.weight, self.scale = int8_of(weight)  # as stored when pre-quantized
         else:
             self.weight, self.scale = weight, None
 

@@ -1,15 +1,20 @@
-"""bench/speculative.py on a tiny random checkpoint (CPU, reference config, a few seconds): both
-proposers run on every benchmark prompt, the n-gram tokens equal the plain greedy ones, and the
-JSON record holds finite positive figures."""
+"""bench/speculative.py on a tiny random checkpoint (CPU, reference config, a few seconds): the
+proposers (n-gram, and DFlash with a random z-lab-format drafter at its own spec_k) run on every
+benchmark prompt, their tokens equal the plain greedy ones, and the JSON record holds finite
+positive figures."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
-from conftest import load_script
+from conftest import ROOT, load_script
+
+sys.path.insert(0, str(ROOT / "tests" / "plugins"))
+from dflash_checkpoints import make_dflash  # noqa: E402
 
 
 
@@ -24,9 +29,12 @@ def positive(x) -> bool:
 def record(checkpoint_factory, tmp_path_factory):
     folder = checkpoint_factory(max_positions=512)
     out = tmp_path_factory.mktemp("speculative") / "result.json"
+    drafter = make_dflash(out.parent / "dflash", hidden=64, num_target_layers=2, target_layer_ids=[0, 1], block=6,
+                          max_positions=1024)
     status = speculative.main(["--model", str(folder), "--device", "cpu", "--config", "reference",
                                "--override", "dtype=float32", "--max-tokens", "200", "--new-tokens", "8",
-                               "--repeats", "2", "--out", str(out)])
+                               "--repeats", "2", "--dflash-model", str(drafter), "--k", "dflash=5",
+                               "--out", str(out)])
     return status, json.loads(out.read_text())
 
 
@@ -36,6 +44,8 @@ def test_both_proposers_run_on_every_prompt(record):
     assert [(r["task"], r["file"]) for r in result["prompts"]] == [
         (task, file) for file, _, _ in speculative.prompts_mod.BENCHMARK for task in ("edit", "open")]
     assert result["config"]["none"]["proposer"] == "none" and result["config"]["ngram"]["proposer"] == "ngram"
+    assert result["config"]["dflash"]["proposer"] == "dflash" and result["config"]["dflash"]["spec_k"] == 5
+    assert result["config"]["ngram"]["spec_k"] == 7 and "draft" not in result["config"]
     assert all(c["linear"] == "reference" and c["dtype"] == "float32" for c in result["config"].values())
     assert result["device"] == "cpu" and result["torch"] and result["date"]
 
@@ -46,6 +56,8 @@ def test_ngram_keeps_the_greedy_tokens_and_figures_are_sane(record):
         plain, ngram = row["none"], row["ngram"]
         assert row["match"] and row["first_difference"] is None
         assert ngram["token_ids"] == plain["token_ids"] and 1 <= len(plain["token_ids"]) <= 8
+        assert row["dflash"]["token_ids"] == plain["token_ids"] and row["dflash"]["first_difference"] is None
+        assert row["dflash"]["drafted_tokens"] <= 5 * row["dflash"]["steps"]
         assert 0 < row["prompt_tokens"] <= 200
         assert plain["drafted_tokens"] == 0 and plain["acceptance"] is None
         assert 0 <= ngram["accepted_tokens"] <= ngram["drafted_tokens"]
@@ -80,3 +92,37 @@ def test_a_difference_is_a_failure_and_exit_status_1(checkpoint_factory, tmp_pat
     assert not any(r["match"] for r in result["prompts"])
     captured = capsys.readouterr()
     assert "FAILURE: edit asyncio_runners.py.txt" in captured.err and "plain tok/s" in captured.out
+
+
+def test_sampled_runs_record_the_proposers_without_comparing_tokens(checkpoint_factory, tmp_path):
+    drafter = make_dflash(tmp_path / "dflash", hidden=64, num_target_layers=2, target_layer_ids=[0, 1], block=6,
+                          max_positions=1024)
+    out = tmp_path / "result.json"
+    status = speculative.main(["--model", str(checkpoint_factory(max_positions=512)), "--device", "cpu",
+                               "--config", "reference", "--max-tokens", "200", "--new-tokens", "6", "--repeats", "2",
+                               "--dflash-model", str(drafter), "--k", "dflash=5", "--sampled", "1.0",
+                               "--sampled-drafts", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert status == 0 and result["failures"] == []
+    assert all(c["temperature"] == 1.0 for c in result["config"].values())
+    assert result["config"]["dflash"]["options"]["dflash"]["greedy"] is False
+    assert all(r["dflash"]["new_tokens"] >= 1 for r in result["prompts"])
+
+
+def test_a_k_sweep_records_each_k_and_the_best(checkpoint_factory, tmp_path):
+    folder = checkpoint_factory(max_positions=512)
+    out = tmp_path / "sweep.json"
+    status = speculative.main(["--model", str(folder), "--device", "cpu", "--config", "reference",
+                               "--override", "dtype=float32", "--max-tokens", "200", "--new-tokens", "6",
+                               "--k", "ngram=1,4", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert status == 0 and result["failures"] == []
+    assert result["config"]["ngram@1"]["spec_k"] == 1 and result["config"]["ngram@4"]["spec_k"] == 4
+    for row in result["prompts"]:
+        assert row["ngram@1"]["token_ids"] == row["ngram@4"]["token_ids"] == row["none"]["token_ids"]
+        assert row["ngram@1"]["drafted_tokens"] <= row["ngram@1"]["steps"]
+    for task, best in result["best"].items():
+        summary = result["summary"][task]
+        chosen = best["ngram"]
+        assert chosen["label"] in ("ngram@1", "ngram@4") and chosen["k"] == int(chosen["label"][-1])
+        assert chosen["tok_s"] == max(summary["ngram@1_tok_s"], summary["ngram@4_tok_s"])

@@ -101,7 +101,7 @@ def test_unknown_key_and_unknown_name(tiny_checkpoint):
         engine_for(tiny_checkpoint, "lineaar=reference")
     with pytest.raises(ConfigError, match="linear=fast: no plugin registered that name; valid: auto, reference, triton$"):
         engine_for(tiny_checkpoint, "linear=fast")
-    with pytest.raises(ConfigError, match="proposer=fast: no plugin registered that name; valid: none, draft, ngram$"):
+    with pytest.raises(ConfigError, match="proposer=fast: no plugin registered that name; valid: none, dflash, draft, ngram$"):
         engine_for(tiny_checkpoint, "proposer=fast")
 
 

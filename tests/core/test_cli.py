@@ -52,7 +52,8 @@ def test_plugins_lists_every_interface_with_its_provider(capsys):
     found = {(r["interface"], r["name"]): r for r in listing["implementations"]}
     assert set(found) == {("linear", "reference"), ("linear", "triton"), ("attention", "reference"),
                           ("attention", "triton"), ("kv_store", "paged"), ("kv_store", "paged_int8"),
-                          ("sampler", "reference"), ("proposer", "ngram"), ("proposer", "draft")} | {
+                          ("sampler", "reference"), ("proposer", "ngram"), ("proposer", "draft"),
+                          ("proposer", "dflash")} | {
                           k for k in found if k[1] == "argmin"}
     assert found[("proposer", "ngram")]["plugin"] == "tileinfer.plugins.ngram"
     assert listing["failures"] == []
@@ -91,7 +92,7 @@ def test_config_merges_files_then_overrides(capsys, tmp_path):
     [
         (["config", "nonsense_key=1"], 2, ["unknown config key", "kv_store"]),
         (["config", "attention=flash9"], 2, ["attention=flash9", "valid: auto, reference, triton"]),
-        (["config", "proposer=oracle"], 2, ["valid: none, draft, ngram"]),
+        (["config", "proposer=oracle"], 2, ["valid: none, dflash, draft, ngram"]),
         (["config", "options.ngram.n_max=abc"], 2, ["options.ngram.n_max=abc", "integer"]),
         (["config", "linear=triton", "options.triton.matmul=torch"], 2, ["fuse_epilogue=false"]),
         (["config", "dtype=int4"], 2, ["bfloat16"]),

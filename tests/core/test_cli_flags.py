@@ -78,3 +78,22 @@ def test_help_names_the_flags_and_their_keys():
                           ("--seed", "seed"), ("--max-new-tokens", "max_new_tokens")]:
             assert flag in text and f"config key {key}" in text
     assert "--version" in build_parser().format_help()
+
+
+def test_help_says_where_the_sampling_defaults_come_from():
+    for command in ("generate", "chat", "serve"):
+        text = " ".join(build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
+        assert text.count("default: the checkpoint's generation_config.json") == 3  # temperature, top-p, top-k
+    serve = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
+    assert "penalties and logprobs per request" in serve
+
+
+def test_a_flag_wins_over_the_checkpoints_generation_config(tmp_path, tiny_checkpoint):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6, "top_k": 20}))
+    args = parse_args(["generate", "--model", str(folder), "--temperature", "0", *BASE])
+    config = tileinfer.resolve_config(_load(args, _flag_sources(args)))
+    assert (config.temperature, config.top_k, config.top_p) == (0.0, 20, 1.0)

@@ -124,7 +124,7 @@ def test_a_run_that_does_not_fit_in_memory_fails_before_loading(tiny_checkpoint,
     monkeypatch.setattr(tileinfer.memory, "free_bytes", lambda device: 10_000)
     with pytest.raises(ConfigError, match=r"the run needs .* GiB on cpu \(weights .* KV pool .* for 512 "
                                           r"positions\), more than the 0.0 GiB free; lower kv_capacity"):
-        build(tiny_checkpoint)
+        build(tiny_checkpoint, kv_capacity=512)
 
 
 def test_a_page_larger_than_the_capacity_is_refused(tiny_checkpoint, checkpoint_factory):

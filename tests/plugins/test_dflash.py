@@ -276,8 +276,10 @@ def test_the_shipped_target_drafts_with_the_shipped_dflash_drafter_by_default():
                   for p in (models / name).glob("*.safetensors"))
     assert weights <= 48_000_000, f"{weights / 1e6:.1f} MB of weights"
     prompts = load_script("bench/prompts.py", "tileinfer_bench_prompts")
-    plain = tileinfer.Engine.from_config("reference", device="cpu", dtype="float32", progress=False)
-    e = tileinfer.Engine.from_config("reference", proposer="dflash", device="cpu", dtype="float32", progress=False)
+    greedy = dict(temperature=0.0, repetition_penalty=1.0)  # plain greedy, not the shipped defaults' penalty
+    plain = tileinfer.Engine.from_config("reference", device="cpu", dtype="float32", progress=False, **greedy)
+    e = tileinfer.Engine.from_config("reference", proposer="dflash", device="cpu", dtype="float32", progress=False,
+                                     **greedy)
     assert e.proposer.folder.resolve() == (models / "dflash").resolve()
     edit = prompts.benchmark_prompts(plain.tokenizer, 300)[0]
     assert edit.task == "edit"

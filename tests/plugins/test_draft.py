@@ -178,8 +178,10 @@ def test_sampled_draft_speculation_keeps_the_target_distribution(case):
 
 def test_the_shipped_target_drafts_with_the_shipped_draft_by_default():
     prompts = load_script("bench/prompts.py", "tileinfer_bench_prompts")
-    plain = tileinfer.Engine.from_config("reference", device="cpu", dtype="float32", progress=False)
-    e = tileinfer.Engine.from_config("reference", proposer="draft", device="cpu", dtype="float32", progress=False)
+    greedy = dict(temperature=0.0, repetition_penalty=1.0)  # plain greedy: the shipped default penalizes copying
+    plain = tileinfer.Engine.from_config("reference", device="cpu", dtype="float32", progress=False, **greedy)
+    e = tileinfer.Engine.from_config("reference", proposer="draft", device="cpu", dtype="float32", progress=False,
+                                     **greedy)
     assert e.proposer.folder.resolve() == (ROOT / "models" / "draft").resolve()
     edit = prompts.benchmark_prompts(plain.tokenizer, 300)[0]
     assert edit.task == "edit"

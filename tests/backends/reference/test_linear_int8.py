@@ -25,3 +25,23 @@ def test_quantize_int8_round_trip():
     x = torch.randn(5, 96, generator=gen(10))
     torch.testing.assert_close(linear_int8(x, q, scale), x @ (q.double() * scale.double()[:, None]).float().T,
                                atol=1e-5, rtol=1e-5)
+
+
+def test_linear_int8_scale_after_the_matmul_and_epilogues():
+    """``(x q^T) * scale`` with the norm, SwiGLU and residual, against float64; -128 is a valid code."""
+    g = gen(11)
+    x = torch.randn(4, 64, generator=g) * 7
+    q = torch.randint(-128, 128, (48, 64), generator=g, dtype=torch.int8)
+    scale = torch.rand(48, generator=g) / 500 + 1e-3
+    nw = torch.rand(64, generator=g) + 0.5
+    r = torch.randn(4, 24, generator=g)
+    y = linear_int8(x, q, scale, swiglu=True, norm_weight=nw, eps=1e-6, residual=r)
+    x64 = x.double()
+    xn = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+    full = xn @ q.double().T * scale.double()
+    gate, up = full[:, :24], full[:, 24:]
+    expected = gate * torch.sigmoid(gate) * up + r.double()
+    torch.testing.assert_close(y.double(), expected, atol=1e-4, rtol=1e-4)
+    logits = linear_int8(x.half(), q, scale, torch.float32)
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits.double(), x.half().double() @ q.double().T * scale.double(), atol=1e-4, rtol=1e-5)
