@@ -79,6 +79,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="config override, e.g. cuda_graphs=true or spec_k=5; repeatable (proposer is set by the script)")
     p.add_argument("--repeats", type=int, metavar="N", default=1, help="timed runs per prompt and proposer; tok/s and prefill "
                    "ms are their medians (default: %(default)s)")
+    p.add_argument("--commit", help="commit to record (default: git rev-parse of this checkout; give it where the "
+                   "checkout is a copy without its history, as on the GPU machine)")
     p.add_argument("--out", type=Path, metavar="FILE.json", help="JSON file to write (default: bench/results/<device name>/"
                    "speculative_<model folder name>.json)")
     args = p.parse_args(argv)
@@ -104,10 +106,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def environment(device: torch.device) -> dict:
+def environment(device: torch.device, commit: str | None = None) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
     return {"device": device.type, "device_name": name, "torch": torch.__version__, "triton": triton_version(),
-            "commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "commit": commit or git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def run(engine, ids: list[int], new_tokens: int, repeats: int) -> dict:
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = [f"{r['task']} {r['file']}: {p} tokens differ from plain greedy from new token "
                 f"{r[p]['first_difference']} on" for r in rows for p in engines
                 if p != "none" and r[p]["first_difference"] is not None and not args.sampled]
-    env = environment(device)
+    env = environment(device, args.commit)
     result = {**env, "model": str(args.model), "args": {k: str(v) if isinstance(v, Path) else v
                                                         for k, v in vars(args).items()},
               "config": {p: dataclasses.asdict(e.config) for p, e in engines.items()},

@@ -28,41 +28,21 @@ from pathlib import Path
 import torch
 
 from tileinfer import hookimpl
-from tileinfer.errors import ConfigError, TileinferError
+from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import Implementation
 from tileinfer.interfaces import Draft, KVGeometry, Proposer, ProposerContext, RunSpec
 from tileinfer.options import Option
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
-
-
-def _shipped_dflash() -> tuple[Path | None, Path | None]:
-    """The shipped target and models/dflash beside it (None where not installed)."""
-    from tileinfer.engine import shipped_model
-
-    target = shipped_model()
-    drafter = target.parent / "dflash" if target is not None else None
-    return target, drafter if drafter is not None and (drafter / "config.json").is_file() else None
+from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
 
 
 def dflash_folder(model: str, config) -> Path:
     """The drafter folder: ``model``, or the shipped drafter when ``model`` is empty and the target
     is the shipped model; a one-line ConfigError otherwise."""
-    if model:
-        folder = Path(model)
-        if not folder.is_dir():
-            raise ConfigError(f"options.dflash.model={model}: DFlash drafter folder not found")
-        return folder
-    target, drafter = _shipped_dflash()
-    try:
-        shipped = target is not None and (config.model is None or Path(config.model).resolve() == target.resolve())
-    except (OSError, ValueError):
-        shipped = False
-    if drafter is None or not shipped:
-        why = ("the target is not the shipped model" if drafter is not None
-               else "the shipped drafter models/dflash is not installed (models/train_dflash.py makes it)")
-        raise ConfigError(f"proposer=dflash needs options.dflash.model=DIR (a z-lab DFlash drafter of the target): "
-                          f"{why}")
-    return drafter
+    return proposer_folder(model, config, proposer="dflash", noun="DFlash drafter",
+                           needs="a z-lab DFlash drafter of the target",
+                           missing="the shipped drafter models/dflash is not installed "
+                                   "(models/train_dflash.py makes it)")
 
 
 class DFlashProposer(Proposer):
@@ -78,16 +58,8 @@ class DFlashProposer(Proposer):
     @classmethod
     def incompatibilities(cls, run: RunSpec) -> list[str]:
         """What can be checked without the target: the drafter folder, when named, holds a DFlash config."""
-        model = run.options["model"]
-        if not model:
-            return []
-        if not Path(model).is_dir():
-            return [f"options.dflash.model={model}: DFlash drafter folder not found"]
-        try:
-            DFlashConfig.from_folder(Path(model))
-        except TileinferError as exc:
-            return [f"options.dflash.model={model}: {exc}"]
-        return []
+        return folder_problems(run.options["model"], proposer="dflash", noun="DFlash drafter",
+                               read=DFlashConfig.from_folder)
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)

@@ -14,9 +14,9 @@ under the target's sampling settings (``greedy=false``: ``Draft.probs`` is q, fo
 After the verify step it forgets the drafts the target rejected (``KVStore.truncate``): its cache
 always holds a prefix of the committed sequence.
 
-Its steps run eagerly (``tileinfer.steps.EagerSteps``): replaying the drafter's 1-token steps from
-CUDA graphs (as the target's are) is future work, and on a GPU the drafter's launch overhead is
-then the larger part of a step's cost for small drafts.
+On a GPU with ``cuda_graphs`` its steps of up to 16 tokens (the catch-up and each drafted token)
+are replayed from CUDA graphs captured when it is built, as the target's are
+(``tileinfer.steps.GraphedSteps``); otherwise, and for its prefill chunks, they run eagerly.
 """
 
 from __future__ import annotations
@@ -26,48 +26,20 @@ from pathlib import Path
 import torch
 
 from tileinfer import hookimpl
-from tileinfer.errors import ConfigError, TileinferError
+from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import Implementation
 from tileinfer.interfaces import Draft, KVGeometry, Proposer, ProposerContext, RunSpec, Step
 from tileinfer.options import Option
-
-
-def shipped_draft() -> Path | None:
-    """models/draft, the sibling of the shipped target, if installed."""
-    from tileinfer.engine import shipped_model
-
-    target = shipped_model()
-    draft = target.parent / "draft" if target is not None else None
-    return draft if draft is not None and (draft / "config.json").is_file() else None
-
-
-def _is_shipped_target(config) -> bool:
-    from tileinfer.engine import shipped_model
-
-    target = shipped_model()
-    if config.model is None:
-        return target is not None
-    try:
-        return target is not None and Path(config.model).resolve() == target.resolve()
-    except (OSError, ValueError):
-        return False
+from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
+from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps
 
 
 def draft_folder(model: str, config) -> Path:
     """The draft checkpoint folder: ``model``, or the shipped draft when ``model`` is empty and the
     target is the shipped model; a one-line ConfigError otherwise."""
-    if model:
-        folder = Path(model)
-        if not folder.is_dir():
-            raise ConfigError(f"options.draft.model={model}: draft model folder not found")
-        return folder
-    folder = shipped_draft()
-    if folder is None or not _is_shipped_target(config):
-        why = ("the target is not the shipped model" if folder is not None
-               else "the shipped draft models/draft is not installed")
-        raise ConfigError(f"proposer=draft needs options.draft.model=DIR (a Qwen3 checkpoint folder with the "
-                          f"target's vocabulary): {why}")
-    return folder
+    return proposer_folder(model, config, proposer="draft", noun="draft model",
+                           needs="a Qwen3 checkpoint folder with the target's vocabulary",
+                           missing="the shipped draft models/draft is not installed")
 
 
 def _same_tokenizer(a: Path, b: Path) -> bool:
@@ -98,17 +70,8 @@ class DraftModelProposer(Proposer):
         """What can be checked without the target: the draft folder, when named, is a Qwen3 checkpoint."""
         from tileinfer.model_config import ModelConfig
 
-        model = run.options["model"]
-        if not model:
-            return []
-        folder = Path(model)
-        if not folder.is_dir():
-            return [f"options.draft.model={model}: draft model folder not found"]
-        try:
-            ModelConfig.from_folder(folder)
-        except TileinferError as exc:
-            return [f"options.draft.model={model}: {exc}"]
-        return []
+        return folder_problems(run.options["model"], proposer="draft", noun="draft model",
+                               read=ModelConfig.from_folder)
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
@@ -117,7 +80,6 @@ class DraftModelProposer(Proposer):
         from tileinfer.model import Backend, Qwen3Model
         from tileinfer.model_config import ModelConfig
         from tileinfer.resolution import implementation_options
-        from tileinfer.steps import EagerSteps
 
         config, registry, target = context.config, context.registry, context.target
         self.folder = folder = draft_folder(self.options["model"], config)
@@ -150,7 +112,12 @@ class DraftModelProposer(Proposer):
         geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, page, num_pages, target.dtype)
         self.kv = kv_class(geometry, target.device, key_norm_weights=[l.attention.k_norm_weight for l in self.model.layers],
                            options=implementation_options(config, "kv_store", registry))
-        self.steps = EagerSteps(self.model, self.kv)
+        if target.device.type == "cuda" and config.cuda_graphs:
+            self.steps = GraphedSteps(self.model, self.kv)
+            with torch.inference_mode():  # the catch-up (1-2 tokens, more after a rollback) and the drafts' steps
+                self.steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1))
+        else:
+            self.steps = EagerSteps(self.model, self.kv)
         self._cached: list[int] = []  # the tokens whose keys and values the draft's KV store holds
         self._committed = 0  # how many of them the target has committed
         self._next: torch.Tensor | None = None  # logits [V] after the last cached token, if computed
@@ -240,9 +207,10 @@ class DraftModelProposer(Proposer):
         start = len(self._cached)
         self.kv.reserve(start + len(tokens))
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.model.device)
-        if start == 0:  # a prefill: only the last row of logits is needed
-            logits, _ = self.model.forward(ids, Step.at(0, len(tokens), self.model.device), self.kv, last_only=True)
-        else:
+        if start == 0 or len(tokens) > MAX_GRAPH_TOKENS:  # a prefill: only the last row of logits is needed
+            step = Step.at(start, len(tokens), self.model.device)
+            logits, _ = self.model.forward(ids, step, self.kv, last_only=True)
+        else:  # the logits may be a graph's static output: read before the next step of as many tokens
             logits, _ = self.steps.forward(ids, start)
         self._cached += tokens
         self._next = logits[-1]

@@ -135,9 +135,8 @@ def page_slot(bt_ptr, pos, PAGE_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs,
-               BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """Element offsets of the K and V rows of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0`` tile-aligned);
+def _tile_pages(bt_ptr, n0, hi, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """``(page, slot)`` (int64 pages) of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0`` tile-aligned);
     table entries of keys ``>= hi`` are not read (page 0 stands in)."""
     if BLOCK_N <= PAGE_SIZE:
         # The tile lies in one page (both are powers of two): one table entry.
@@ -147,6 +146,14 @@ def _tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs,
         offs_n = n0 + tl.arange(0, BLOCK_N)
         page = tl.load(bt_ptr + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
         slot = offs_n % PAGE_SIZE
+    return page, slot
+
+
+@triton.jit
+def _tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs,
+               BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Element offsets of the K and V rows of keys ``n0 .. n0 + BLOCK_N - 1`` (:func:`_tile_pages`)."""
+    page, slot = _tile_pages(bt_ptr, n0, hi, BLOCK_N, PAGE_SIZE)
     return page * stride_kp + slot * stride_ks, page * stride_vp + slot * stride_vs
 
 
@@ -163,9 +170,9 @@ def _load_tile(base, rows, offs_d, valid, MASKED: tl.constexpr, UPCAST: tl.const
 
 
 @triton.jit
-def _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale,
-                  MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+def _online_softmax(s, l_i, m_i, offs_n, qpos, hi, MASKED: tl.constexpr):
+    """One tile's update of the online softmax from its scaled scores ``s`` ``[BLOCK_M, BLOCK_N]``
+    (base 2): ``(p, alpha, l_i, m_new)``; masked: keys ``>= hi`` and those after ``qpos`` hidden."""
     if MASKED:
         visible = (offs_n[None, :] <= qpos[:, None]) & (offs_n < hi)[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -178,6 +185,14 @@ def _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale,
     p = tl.math.exp2(s - m_sub[:, None])
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale,
+                  MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
+    p, alpha, l_i, m_new = _online_softmax(s, l_i, m_i, offs_n, qpos, hi, MASKED)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
@@ -261,13 +276,7 @@ def _int8_tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs, 
                     BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
     """:func:`_tile_rows` plus the offsets of the keys' scales (``[P, Hkv, page_size]``, slots
     contiguous, K's and V's alike)."""
-    if BLOCK_N <= PAGE_SIZE:
-        page = tl.load(bt_ptr + n0 // PAGE_SIZE, mask=n0 < hi, other=0).to(tl.int64)
-        slot = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
-    else:
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        page = tl.load(bt_ptr + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
-        slot = offs_n % PAGE_SIZE
+    page, slot = _tile_pages(bt_ptr, n0, hi, BLOCK_N, PAGE_SIZE)
     return page * stride_kp + slot * stride_ks, page * stride_vp + slot * stride_vs, page * stride_sp + slot
 
 
@@ -290,17 +299,7 @@ def _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, h
                        MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     # Scores of the int8 keys, then each key's scale: q.(k8 * s) = (q.k8) * s.
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_scale * qk_scale)[None, :]
-    if MASKED:
-        visible = (offs_n[None, :] <= qpos[:, None]) & (offs_n < hi)[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = m_new
-    p = tl.math.exp2(s - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, l_i, m_new = _online_softmax(s, l_i, m_i, offs_n, qpos, hi, MASKED)
     # P.(v8 * s) = (P * s).v8: each value's scale goes into its column of P before P's rounding,
     # times 128 (exact, undone after the dot) so that P * s ~ P * absmax(v) keeps float16 clear of
     # its subnormals (s alone is ~absmax / 127: P * s would lose bits where P < 1e-2).

@@ -32,13 +32,11 @@ MAX_BLOCK_H = 16
 
 
 @triton.jit
-def _write_kv_kernel(
-    k_ptr, v_ptr, kp_ptr, vp_ptr, bt_ptr, pos_ptr,
-    stride_k_t, stride_k_h, stride_v_t, stride_v_h,
-    stride_p_page, stride_p_h, stride_p_slot,
-    HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_V: tl.constexpr, PDL: tl.constexpr,
-):
+def _token_tile(bt_ptr, pos_ptr, stride_p_page, stride_p_h, stride_p_slot, HKV: tl.constexpr, D: tl.constexpr,
+                PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """The program's token and heads (after the grid dependency wait with PDL): ``(t, heads, offs,
+    mask, page, slot, dst)``, with ``dst`` the element offsets of its ``[BLOCK_H, BLOCK_D]`` tile
+    in the pages."""
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
@@ -48,6 +46,19 @@ def _write_kv_kernel(
     mask = (heads < HKV)[:, None] & (offs < D)[None, :]
     page, slot = page_slot(bt_ptr, tl.load(pos_ptr + t), PAGE_SIZE)
     dst = page * stride_p_page + heads[:, None] * stride_p_h + slot * stride_p_slot + offs[None, :]
+    return t, heads, offs, mask, page, slot, dst
+
+
+@triton.jit
+def _write_kv_kernel(
+    k_ptr, v_ptr, kp_ptr, vp_ptr, bt_ptr, pos_ptr,
+    stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+    stride_p_page, stride_p_h, stride_p_slot,
+    HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_V: tl.constexpr, PDL: tl.constexpr,
+):
+    t, heads, offs, mask, page, slot, dst = _token_tile(bt_ptr, pos_ptr, stride_p_page, stride_p_h, stride_p_slot,
+                                                        HKV, D, PAGE_SIZE, BLOCK_H, BLOCK_D, PDL)
     k = tl.load(k_ptr + t * stride_k_t + heads[:, None] * stride_k_h + offs[None, :], mask=mask)
     tl.store(kp_ptr + dst, k, mask=mask)
     if HAS_V:
@@ -74,21 +85,20 @@ def _write_kv_int8_kernel(
     HKV: tl.constexpr, D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, SMOOTH: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
-    t = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs = tl.arange(0, BLOCK_D)
-    mask = (heads < HKV)[:, None] & (offs < D)[None, :]
-    page, slot = page_slot(bt_ptr, tl.load(pos_ptr + t), PAGE_SIZE)
-    dst = page * stride_p_page + heads[:, None] * stride_p_h + slot * stride_p_slot + offs[None, :]
+    t, heads, offs, mask, page, slot, dst = _token_tile(bt_ptr, pos_ptr, stride_p_page, stride_p_h, stride_p_slot,
+                                                        HKV, D, PAGE_SIZE, BLOCK_H, BLOCK_D, PDL)
     scale_dst = page * stride_s_page + heads[:, None] * stride_s_h + slot
     head_ok = (heads < HKV)[:, None]
     _quantize_store(k_ptr + t * stride_k_t + heads[:, None] * stride_k_h + offs[None, :], kp_ptr + dst,
                     ks_ptr + scale_dst, offs, mask, head_ok, smooth_ptr, SMOOTH, D)
     _quantize_store(v_ptr + t * stride_v_t + heads[:, None] * stride_v_h + offs[None, :], vp_ptr + dst,
                     vs_ptr + scale_dst, offs, mask, head_ok, smooth_ptr, False, D)
+
+
+def _check_table(block_table: torch.Tensor, positions: torch.Tensor) -> None:
+    assert positions.dim() == 1 and positions.dtype == torch.int64 and positions.is_contiguous(), "positions: [T] int64"
+    assert block_table.dim() == 1 and block_table.dtype == torch.int32 and block_table.is_contiguous(), (
+        "block_table: [num_pages] int32")
 
 
 def check_paged_write(pages: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
@@ -101,10 +111,7 @@ def check_paged_write(pages: torch.Tensor, block_table: torch.Tensor, positions:
     )
     assert x.dtype == pages.dtype, f"{name} dtype {x.dtype}, pages {pages.dtype} (model-dtype pages only)"
     assert x.stride(-1) == 1, f"{name} must be contiguous in its last dim"
-    assert positions.dim() == 1 and positions.dtype == torch.int64 and positions.is_contiguous(), "positions: [T] int64"
-    assert block_table.dim() == 1 and block_table.dtype == torch.int32 and block_table.is_contiguous(), (
-        "block_table: [num_pages] int32"
-    )
+    _check_table(block_table, positions)
     assert pages.device == x.device == positions.device == block_table.device
 
 
@@ -166,9 +173,7 @@ def check_paged_write_int8(k_pages: torch.Tensor, v_pages: torch.Tensor, quant: 
     assert x.shape == (t, k_pages.shape[1], k_pages.shape[3]), (
         f"{name} {tuple(x.shape)}, want [{t}, {k_pages.shape[1]}, {k_pages.shape[3]}]")
     assert x.dtype in FLOAT_DTYPES and x.stride(-1) == 1, f"{name}: a float dtype, contiguous in its last dim"
-    assert positions.dim() == 1 and positions.dtype == torch.int64 and positions.is_contiguous(), "positions: [T] int64"
-    assert block_table.dim() == 1 and block_table.dtype == torch.int32 and block_table.is_contiguous(), (
-        "block_table: [num_pages] int32")
+    _check_table(block_table, positions)
     assert k_pages.device == x.device == positions.device == block_table.device
 
 

@@ -73,28 +73,7 @@ def linear(
     assert x.device == w.device, f"x on {x.device}, w on {w.device}"
     assert x.stride(1) == 1 or K == 1, "x must have unit column stride"
     assert w.is_contiguous(), "w must be row-major contiguous [N, K]"
-    out_dtype = out_dtype or x.dtype
-    assert out_dtype in (x.dtype, torch.float32), f"out_dtype must be {x.dtype} or float32, got {out_dtype}"
-    assert isinstance(swiglu, bool), f"swiglu is a flag, got {swiglu!r}"
-    assert not swiglu or n_w % 2 == 0, f"swiglu needs an even number of weight rows, got {n_w}"
-    n_out = n_w // 2 if swiglu else n_w
-    i_off = n_out if swiglu else 0
-    if norm_weight is not None:
-        assert norm_weight.shape == (K,) and norm_weight.dtype == x.dtype and norm_weight.is_contiguous(), (
-            f"norm_weight must be ({K},) {x.dtype} contiguous, got {tuple(norm_weight.shape)} {norm_weight.dtype}"
-        )
-        assert K % 2 == 0, f"the RMSNorm prologue needs an even K, got {K}"
-    if residual is not None:
-        assert residual.shape == (T, n_out) and residual.dtype == out_dtype == x.dtype, (
-            f"residual must be [{T}, {n_out}] {x.dtype}, got {tuple(residual.shape)} {residual.dtype}"
-        )
-        assert residual.stride(1) == 1 or n_out == 1, "residual must have unit column stride"
-    if out is None:
-        out = torch.empty((T, n_out), dtype=out_dtype, device=x.device)
-    assert out.shape == (T, n_out) and out.dtype == out_dtype and out.device == x.device, (
-        f"out must be [{T}, {n_out}] {out_dtype} on {x.device}, got {tuple(out.shape)} {out.dtype}"
-    )
-    assert out.stride(1) == 1 or n_out == 1, "out must have unit column stride"
+    out, n_out, i_off = check_linear_io(x, n_w, out_dtype, swiglu, norm_weight, residual, out)
     if T == 0 or n_out == 0:
         return out
     assert K > 0, "K must be positive"
@@ -113,6 +92,36 @@ def linear(
     return out
 
 
+def check_linear_io(x: torch.Tensor, n_w: int, out_dtype: torch.dtype | None, swiglu: bool,
+                    norm_weight: torch.Tensor | None, residual: torch.Tensor | None,
+                    out: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
+    """The checks of ``linear`` and ``linear_int8`` past the weight's own: ``out_dtype``, the
+    ``swiglu`` flag on ``n_w`` weight rows, ``norm_weight``, ``residual`` and ``out`` (allocated
+    when None) against ``x`` ``[T, K]``. Returns ``(out, n_out, i_off)``: the output, its columns
+    (``n_w / 2`` with ``swiglu``) and the first up row of a SwiGLU weight (else 0)."""
+    T, K = x.shape
+    out_dtype = out_dtype or x.dtype
+    assert out_dtype in (x.dtype, torch.float32), f"out_dtype must be {x.dtype} or float32, got {out_dtype}"
+    assert isinstance(swiglu, bool), f"swiglu is a flag, got {swiglu!r}"
+    assert not swiglu or n_w % 2 == 0, f"swiglu needs an even number of weight rows, got {n_w}"
+    n_out = n_w // 2 if swiglu else n_w
+    i_off = n_out if swiglu else 0
+    if norm_weight is not None:
+        assert norm_weight.shape == (K,) and norm_weight.dtype == x.dtype and norm_weight.is_contiguous(), (
+            f"norm_weight must be ({K},) {x.dtype} contiguous, got {tuple(norm_weight.shape)} {norm_weight.dtype}")
+        assert K % 2 == 0, f"the RMSNorm prologue needs an even K, got {K}"
+    if residual is not None:
+        assert residual.shape == (T, n_out) and residual.dtype == out_dtype == x.dtype, (
+            f"residual must be [{T}, {n_out}] {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
+        assert residual.stride(1) == 1 or n_out == 1, "residual must have unit column stride"
+    if out is None:
+        out = torch.empty((T, n_out), dtype=out_dtype, device=x.device)
+    assert out.shape == (T, n_out) and out.dtype == out_dtype and out.device == x.device, (
+        f"out must be [{T}, {n_out}] {out_dtype} on {x.device}, got {tuple(out.shape)} {out.dtype}")
+    assert out.stride(1) == 1 or n_out == 1, "out must have unit column stride"
+    return out, n_out, i_off
+
+
 def norm_warps(T: int, N: int, K: int, config: GemvConfig | GemmConfig | None = None,
                sms: int = DEFAULT_NUM_SMS) -> int | None:
     """The ``num_warps`` of the RMSNorm that ``linear(x, w, norm_weight=...)`` applies to ``x`` ``[T,
@@ -124,4 +133,5 @@ def norm_warps(T: int, N: int, K: int, config: GemvConfig | GemmConfig | None = 
     return (config or gemv_config(N, K, T, sms)).num_warps
 
 
-__all__ = ["GEMM_TILES", "GemmConfig", "GemvConfig", "gemm_config", "gemv_config", "linear", "norm_warps", "num_sms"]
+__all__ = ["GEMM_TILES", "GemmConfig", "GemvConfig", "check_linear_io", "gemm_config", "gemv_config", "linear",
+           "norm_warps", "num_sms"]

@@ -58,24 +58,30 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS) -> GemmConfi
     and columns cost as much as real ones) and tile cost = BM * BN / throughput (K is common to all
     candidates). The cheapest wins; ties go to the earlier (larger) tile. GROUP_M = 8.
     """
+    bm, bn, bk, warps, stages = cheapest_gemm_tile(M, N, GEMM_TILES, sms)
+    return GemmConfig(bm, bn, bk, 8, warps, stages)
+
+
+def cheapest_gemm_tile(M: int, N: int, candidates: tuple, sms: int = DEFAULT_NUM_SMS) -> tuple[int, ...]:
+    """The rule of :func:`gemm_config` over ``candidates`` (rows of ``(BM, BN, BK, num_warps,
+    num_stages, throughput)``): ``(BM, BN, BK, num_warps, num_stages)`` of the cheapest, ties to
+    the earlier."""
     best, best_cost = None, None
-    for bm, bn, bk, warps, stages, speed in GEMM_TILES:
+    for bm, bn, bk, warps, stages, speed in candidates:
         tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
         cost = triton.cdiv(tiles, sms) * bm * bn / speed
         if best_cost is None or cost < best_cost:
-            best, best_cost = GemmConfig(bm, bn, bk, 8, warps, stages), cost
+            best, best_cost = (bm, bn, bk, warps, stages), cost
     return best
 
 
 @triton.jit
-def _gemm_kernel(
-    x_ptr, w_ptr, y_ptr, r_ptr, M, N, K, I_OFF, stride_xm, stride_wn, stride_ym, stride_rm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
-):
-    """One BLOCK_M x BLOCK_N tile of y (N = output columns; I when SWIGLU, whose program also
-    computes the matching up tile at weight rows I_OFF + n); RESIDUAL adds ``r`` (y's shape) to the
-    rounded tile."""
+def gemm_tile(x_ptr, w_ptr, M, N, I_OFF, stride_xm, stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """The program's output tile, GROUP_M-swizzled: ``(offs_m, offs_n, offs_k, rows_n, a_ptrs,
+    b_ptrs, u_ptrs)``, its rows and columns, the K offsets of a chunk, the weight rows its columns
+    read (tails re-read valid rows; not stored), and the first K chunk's pointers into x, the
+    weight's rows and the up rows ``I_OFF + rows_n`` (SwiGLU)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -94,6 +100,31 @@ def _gemm_kernel(
     a_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
     b_ptrs = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
     u_ptrs = w_ptr + (rows_n + I_OFF).to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    return offs_m, offs_n, offs_k, rows_n, a_ptrs, b_ptrs, u_ptrs
+
+
+@triton.jit
+def store_gemm(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL: tl.constexpr):
+    """The GEMM's store of the float32 tile ``acc``: rounded to y's dtype, plus ``r`` where RESIDUAL
+    (add.py's rounding)."""
+    out_ty = y_ptr.dtype.element_ty
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    r_ptrs = r_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :]
+    y = add_residual(acc.to(out_ty), r_ptrs, mask, RESIDUAL)
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], y, mask=mask)
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, w_ptr, y_ptr, r_ptr, M, N, K, I_OFF, stride_xm, stride_wn, stride_ym, stride_rm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
+):
+    """One BLOCK_M x BLOCK_N tile of y (N = output columns; I when SWIGLU, whose program also
+    computes the matching up tile at weight rows I_OFF + n); RESIDUAL adds ``r`` (y's shape) to the
+    rounded tile."""
+    offs_m, offs_n, offs_k, rows_n, a_ptrs, b_ptrs, u_ptrs = gemm_tile(x_ptr, w_ptr, M, N, I_OFF, stride_xm, stride_wn,
+                                                                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SWIGLU:
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -121,10 +152,7 @@ def _gemm_kernel(
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    r_ptrs = r_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :]
-    y = add_residual(acc.to(out_ty), r_ptrs, mask, RESIDUAL)
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], y, mask=mask)
+    store_gemm(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
 
 
 def launch_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None,
@@ -142,4 +170,4 @@ def launch_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, residual: t
                        enable_fp_fusion=True)
 
 
-__all__ = ["GEMM_TILES", "GemmConfig", "gemm_config", "launch_gemm"]
+__all__ = ["GEMM_TILES", "GemmConfig", "cheapest_gemm_tile", "gemm_config", "gemm_tile", "launch_gemm", "store_gemm"]

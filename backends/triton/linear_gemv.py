@@ -84,15 +84,22 @@ def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> GemvConfi
     - BLOCK_K shrinks to next_pow2(K) for small K (never below 16).
     - SPLIT_K (``gemv_split_k``): only when the grid would leave a quarter of the SMs idle.
     """
+    return GemvConfig(*gemv_tiles(N, K, T, sms))
+
+
+def gemv_tiles(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS, k_per_byte: int = 1) -> tuple[int, ...]:
+    """The rule of :func:`gemv_config` as ``(block_n, block_k, split_k, num_warps, num_stages)``,
+    with the BLOCK_K before the small-K shrink times ``k_per_byte`` (2: the int8 GEMV's, the same
+    bytes a tile and a thread access as a 2-byte weight's)."""
     assert N >= 1 and K >= 1 and 1 <= T <= SMALL_STEP_MAX_TOKENS
     if T == 1:
-        block_n, block_k, warps, stages = 4, 512, 2, 1
+        block_n, block_k, warps, stages = 4, 512 * k_per_byte, 2, 1
         if triton.cdiv(N, block_n) < 16 * sms:
-            block_k, warps = 1024, 4
+            block_k, warps = 1024 * k_per_byte, 4
     else:
-        block_n, block_k, warps, stages = 32, 128, 4, 4
+        block_n, block_k, warps, stages = 32, 128 * k_per_byte, 4, 4
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
-    return GemvConfig(block_n, block_k, gemv_split_k(N, K, block_n, block_k, sms), warps, stages)
+    return block_n, block_k, gemv_split_k(N, K, block_n, block_k, sms), warps, stages
 
 
 def gemv_split_k(N: int, K: int, block_n: int, block_k: int, sms: int = DEFAULT_NUM_SMS) -> int:
@@ -170,7 +177,8 @@ def _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT: tl.constexpr, EVEN_K: 
 
 
 @triton.jit
-def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
+def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, BITS: tl.constexpr):
+    # BITS: unused (the int8 GEMV's accumulate takes it; gemv_rows calls either)
     if USE_DOT:
         if DOT_F32:
             w = w.to(tl.float32)
@@ -182,18 +190,22 @@ def _gemv_accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _gemv_rows(
+def gemv_rows(
     x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
-    NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
+    NORM_K: tl.constexpr, NORM_HALF: tl.constexpr, ACCUMULATE: tl.constexpr, ACC_K: tl.constexpr,
+    BITS: tl.constexpr,
 ):
     """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi) (never empty):
     [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1 path). ``rows`` must be valid row
     indices (no row mask). The first chunk is peeled: its weight load is issued before the grid
     dependency wait (``PDL``), so it overlaps the tail of the kernel before; the activations, which
     that kernel may have written, are read after it. The order of the sums is the same either way.
-    ``NORM``: x is RMS-normalized on the fly with the weight at ``nw_ptr`` (the prologue)."""
+    ``NORM``: x is RMS-normalized on the fly with the weight at ``nw_ptr`` (the prologue).
+    ``ACCUMULATE(acc, w, x, USE_DOT, DOT_F32, BITS)`` adds a chunk's products (``_gemv_accumulate``;
+    the int8 GEMV's converts the weights first); the T = 1 path's accumulator is ``[BLOCK_N,
+    ACC_K]``, summed over its columns after the loop."""
     offs_k = tl.arange(0, BLOCK_K)
     offs_t = tl.arange(0, BLOCK_T)
     t_mask = offs_t < T
@@ -203,7 +215,7 @@ def _gemv_rows(
         acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     else:
         x_ptrs = x_ptr + offs_k
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, ACC_K), dtype=tl.float32)
     k0 = kb_lo * BLOCK_K
     w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
     if PDL:
@@ -213,17 +225,53 @@ def _gemv_rows(
     x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
     if NORM:
         x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
-    acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
+    acc = ACCUMULATE(acc, w, x, USE_DOT, DOT_F32, BITS)
     for kb in range(kb_lo + 1, kb_hi):
         k0 = kb * BLOCK_K
         w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
         x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
         if NORM:
             x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
-        acc = _gemv_accumulate(acc, w, x, USE_DOT, DOT_F32)
+        acc = ACCUMULATE(acc, w, x, USE_DOT, DOT_F32, BITS)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)
     return acc
+
+
+@triton.jit
+def gemv_program(K, N, kb_per_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """A GEMV program's place: ``(pid_k, kb_lo, kb_hi, offs_n, rows)``, its split, that split's K
+    chunks ``[kb_lo, kb_hi)``, its BLOCK_N output columns and the weight rows they read (``offs_n
+    % N``: tail rows re-read a valid row; their results are not stored). With ``PDL`` it first lets
+    the next kernel launch."""
+    if PDL:
+        gdc_launch_dependents()
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    kb_lo = pid_k * kb_per_split
+    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
+    return pid_k, kb_lo, kb_hi, offs_n, rows
+
+
+@triton.jit
+def store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt,
+               BLOCK_T: tl.constexpr, USE_DOT: tl.constexpr, RESIDUAL: tl.constexpr):
+    """The GEMV's store of the float32 ``acc`` (``[BLOCK_T, BLOCK_N]`` or ``[BLOCK_N]``) of columns
+    ``offs_n``: rounded to y's dtype, plus ``r`` where RESIDUAL (add.py's rounding), in split
+    ``pid_k``'s slice of y (``stride_ys``; 0 without split-K)."""
+    out_ty = y_ptr.dtype.element_ty
+    y_ptr += pid_k.to(tl.int64) * stride_ys
+    n_mask = offs_n < N
+    if USE_DOT:
+        offs_t = tl.arange(0, BLOCK_T).to(tl.int64)[:, None]
+        mask = (offs_t < T) & n_mask[None, :]
+        y = add_residual(acc.to(out_ty), r_ptr + offs_t * stride_rt + offs_n[None, :], mask, RESIDUAL)
+        tl.store(y_ptr + offs_t * stride_yt + offs_n[None, :], y, mask=mask)
+    else:
+        y = add_residual(acc.to(out_ty), r_ptr + offs_n, n_mask, RESIDUAL)
+        tl.store(y_ptr + offs_n, y, mask=n_mask)
 
 
 @triton.jit
@@ -239,31 +287,16 @@ def _gemv_kernel(
     program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). NORM: x is
     RMS-normalized first (weight ``nw_ptr``, ``NORM_K`` = K); RESIDUAL: ``r[t, n]`` is added to the
     rounded result (``r`` has y's shape; never with split-K partials)."""
-    if PDL:
-        gdc_launch_dependents()
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    kb_lo = pid_k * kb_per_split
-    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
-    acc = _gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
-                     BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF)
+    pid_k, kb_lo, kb_hi, offs_n, rows = gemv_program(K, N, kb_per_split, BLOCK_N, BLOCK_K, PDL)
+    acc = gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps, BLOCK_T, BLOCK_N,
+                    BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF, _gemv_accumulate, BLOCK_K, False)
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
-        acc_u = _gemv_rows(x_ptr, w_ptr, nw_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
-                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF)
+        acc_u = gemv_rows(x_ptr, w_ptr, nw_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
+                          BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF,
+                          _gemv_accumulate, BLOCK_K, False)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
-    y_ptr += pid_k.to(tl.int64) * stride_ys
-    n_mask = offs_n < N
-    if USE_DOT:
-        offs_t = tl.arange(0, BLOCK_T).to(tl.int64)[:, None]
-        mask = (offs_t < T) & n_mask[None, :]
-        y = add_residual(acc.to(out_ty), r_ptr + offs_t * stride_rt + offs_n[None, :], mask, RESIDUAL)
-        tl.store(y_ptr + offs_t * stride_yt + offs_n[None, :], y, mask=mask)
-    else:
-        y = add_residual(acc.to(out_ty), r_ptr + offs_n, n_mask, RESIDUAL)
-        tl.store(y_ptr + offs_n, y, mask=n_mask)
+    store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT, RESIDUAL)
 
 
 @triton.jit
@@ -304,37 +337,51 @@ def launch_gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, norm_weight
     K its float32 partials over all weight rows (the prologue included) then
     ``_splitk_reduce_kernel``, which applies the epilogues. ``i_off``: the first up row of a SwiGLU
     weight (else 0); ``dot_f32``: float32 dot operands (the interpreter); ``pdl``: granted."""
+    launch_gemv_kernel(_gemv_kernel, x, (w,), w, out, norm_weight, eps, residual, cfg, n_out, i_off, swiglu,
+                       dot_f32, pdl)
+
+
+def launch_gemv_kernel(kernel, x: torch.Tensor, weights: tuple[torch.Tensor, ...], no_norm: torch.Tensor,
+                       out: torch.Tensor, norm_weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None,
+                       cfg, n_out: int, i_off: int, swiglu: bool, dot_f32: bool, pdl: bool, **extra) -> None:
+    """Launch a GEMV ``kernel`` with the arguments of ``_gemv_kernel`` (``weights``: what stands at
+    its ``w_ptr``, e.g. ``(q, scale)``; the first is the ``[N, K]`` weight; ``no_norm``: the tensor
+    passed as the unused ``nw_ptr`` without the norm prologue; ``extra``: constexprs of its own)
+    alone, or with split K over all weight rows then ``_splitk_reduce_kernel``."""
     T, K = x.shape
-    n_w = w.shape[0]
+    n_w = weights[0].shape[0]
+    stride_wn = weights[0].stride(0)
     use_dot = T > 1
     k_blocks = triton.cdiv(K, cfg.block_k)
     kb_per_split = triton.cdiv(k_blocks, cfg.split_k)
     split = triton.cdiv(k_blocks, kb_per_split)  # no empty split
     norm = norm_weight is not None
     has_residual = residual is not None
-    nw = norm_weight if norm else w
+    nw = norm_weight if norm else no_norm
     r = residual if has_residual else out
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
                   NORM=norm, NORM_K=K if norm else 0, NORM_HALF=norm_launch_config(K, 1)[1] if norm else 1,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True, **launch_options(pdl))
+                  **extra, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True,
+                  **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)
-        _gemv_kernel[grid](x, w, out, nw, r, T, n_out, K, i_off, kb_per_split, eps,
-                           x.stride(0), w.stride(0), 0, out.stride(0), r.stride(0),
-                           SWIGLU=swiglu, RESIDUAL=has_residual, **consts)
+        kernel[grid](x, *weights, out, nw, r, T, n_out, K, i_off, kb_per_split, eps,
+                     x.stride(0), stride_wn, 0, out.stride(0), r.stride(0),
+                     SWIGLU=swiglu, RESIDUAL=has_residual, **consts)
         return
     # Split-K: the partial kernel is the plain one over all weight rows (the prologue included);
     # the epilogues run in the reduce.
     part = torch.empty((split, T, n_w), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n_w, cfg.block_n), split)
-    _gemv_kernel[grid](x, w, part, nw, part, T, n_w, K, 0, kb_per_split, eps,
-                       x.stride(0), w.stride(0), part.stride(0), part.stride(1), 0,
-                       SWIGLU=False, RESIDUAL=False, **consts)
+    kernel[grid](x, *weights, part, nw, part, T, n_w, K, 0, kb_per_split, eps,
+                 x.stride(0), stride_wn, part.stride(0), part.stride(1), 0,
+                 SWIGLU=False, RESIDUAL=False, **consts)
     grid = (T, triton.cdiv(n_out, REDUCE_BLOCK))
     _splitk_reduce_kernel[grid](part, out, r, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
                                 r.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl,
                                 RESIDUAL=has_residual, num_warps=4, enable_fp_fusion=True, **launch_options(pdl))
 
 
-__all__ = ["GemvConfig", "gemv_config", "gemv_split_k", "launch_gemv"]
+__all__ = ["GemvConfig", "gemv_config", "gemv_program", "gemv_rows", "gemv_split_k", "gemv_tiles", "launch_gemv",
+           "launch_gemv_kernel", "store_gemv"]

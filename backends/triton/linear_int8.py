@@ -16,6 +16,7 @@ import torch
 
 from tileinfer.backends.triton import FLOAT_DTYPES, SMALL_STEP_MAX_TOKENS
 from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS, interpreted, sms_of
+from tileinfer.backends.triton.linear import check_linear_io
 from tileinfer.backends.triton.linear_int8_gemm import GEMM_INT8_TILES, Int8GemmConfig, gemm_int8_config, launch_gemm_int8
 from tileinfer.backends.triton.linear_int8_gemv import Int8GemvConfig, gemv_int8_config, launch_gemv_int8
 from tileinfer.backends.triton.pdl import use_pdl
@@ -65,25 +66,7 @@ def linear_int8(
     assert x.device == q.device == scale.device, f"x on {x.device}, q on {q.device}, scale on {scale.device}"
     assert x.stride(1) == 1 or K == 1, "x must have unit column stride"
     assert q.is_contiguous(), "q must be row-major contiguous [N, K]"
-    out_dtype = out_dtype or x.dtype
-    assert out_dtype in (x.dtype, torch.float32), f"out_dtype must be {x.dtype} or float32, got {out_dtype}"
-    assert isinstance(swiglu, bool), f"swiglu is a flag, got {swiglu!r}"
-    assert not swiglu or n_w % 2 == 0, f"swiglu needs an even number of weight rows, got {n_w}"
-    n_out = n_w // 2 if swiglu else n_w
-    i_off = n_out if swiglu else 0
-    if norm_weight is not None:
-        assert norm_weight.shape == (K,) and norm_weight.dtype == x.dtype and norm_weight.is_contiguous(), (
-            f"norm_weight must be ({K},) {x.dtype} contiguous, got {tuple(norm_weight.shape)} {norm_weight.dtype}")
-        assert K % 2 == 0, f"the RMSNorm prologue needs an even K, got {K}"
-    if residual is not None:
-        assert residual.shape == (T, n_out) and residual.dtype == out_dtype == x.dtype, (
-            f"residual must be [{T}, {n_out}] {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
-        assert residual.stride(1) == 1 or n_out == 1, "residual must have unit column stride"
-    if out is None:
-        out = torch.empty((T, n_out), dtype=out_dtype, device=x.device)
-    assert out.shape == (T, n_out) and out.dtype == out_dtype and out.device == x.device, (
-        f"out must be [{T}, {n_out}] {out_dtype} on {x.device}, got {tuple(out.shape)} {out.dtype}")
-    assert out.stride(1) == 1 or n_out == 1, "out must have unit column stride"
+    out, n_out, i_off = check_linear_io(x, n_w, out_dtype, swiglu, norm_weight, residual, out)
     if T == 0 or n_out == 0:
         return out
     assert K > 0, "K must be positive"

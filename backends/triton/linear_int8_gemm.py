@@ -24,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tileinfer.backends.triton.device_functions import add_residual, round_to, silu_mul_f32
+from tileinfer.backends.triton.device_functions import round_to, silu_mul_f32
 from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
+from tileinfer.backends.triton.linear_gemm import cheapest_gemm_tile, gemm_tile, store_gemm
 from tileinfer.backends.triton.linear_int8_gemv import int8_to
 
 
@@ -57,14 +58,8 @@ def gemm_int8_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS) -> Int8
     rule (linear_gemm.py ``gemm_config``) over ``GEMM_INT8_TILES``: cost = cdiv(tiles, SMs) x BM x
     BN / throughput, the cheapest wins, ties to the earlier tile; BLOCK_K shrinks to next_pow2(K)
     for small K (never below 32)."""
-    best, best_cost = None, None
-    for bm, bn, bk, warps, stages, speed in GEMM_INT8_TILES:
-        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-        cost = triton.cdiv(tiles, sms) * bm * bn / speed
-        if best_cost is None or cost < best_cost:
-            bk = min(bk, max(32, triton.next_power_of_2(K)))
-            best, best_cost = Int8GemmConfig(bm, bn, bk, 8, warps, stages), cost
-    return best
+    bm, bn, bk, warps, stages = cheapest_gemm_tile(M, N, GEMM_INT8_TILES, sms)
+    return Int8GemmConfig(bm, bn, min(bk, max(32, triton.next_power_of_2(K))), 8, warps, stages)
 
 
 @triton.jit
@@ -85,24 +80,8 @@ def _gemm_int8_kernel(
 ):
     """One BLOCK_M x BLOCK_N tile of y = round((x q^T) * scale) (N = output columns; I when SWIGLU,
     whose program also computes the up tile at weight rows I_OFF + n); RESIDUAL adds ``r``."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    rows_m = (offs_m % M).to(tl.int64)  # tails re-read valid rows; not stored
-    rows_n = offs_n % N
-    a_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
-    b_ptrs = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    u_ptrs = w_ptr + (rows_n + I_OFF).to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
+    offs_m, offs_n, offs_k, rows_n, a_ptrs, b_ptrs, u_ptrs = gemm_tile(x_ptr, w_ptr, M, N, I_OFF, stride_xm, stride_wn,
+                                                                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SWIGLU:
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -121,10 +100,7 @@ def _gemm_int8_kernel(
     if SWIGLU:
         acc_u = acc_u * tl.load(s_ptr + rows_n + I_OFF)[None, :]
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    r_ptrs = r_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :]
-    y = add_residual(acc.to(out_ty), r_ptrs, mask, RESIDUAL)
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], y, mask=mask)
+    store_gemm(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
 
 
 def launch_gemm_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,

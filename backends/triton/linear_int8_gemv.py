@@ -37,23 +37,17 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton import SMALL_STEP_MAX_TOKENS
-from tileinfer.backends.triton.device_functions import add_residual, round_to, silu_mul_f32
+from tileinfer.backends.triton.device_functions import round_to, silu_mul_f32
 from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
 from tileinfer.backends.triton.linear_gemv import (
     GEMV_BLOCK_T,
-    REDUCE_BLOCK,
-    _load_w,
-    _load_x,
-    _norm_rstd,
-    _normalize_x,
-    _splitk_reduce_kernel,
-    gemv_split_k,
+    gemv_program,
+    gemv_rows,
+    gemv_tiles,
+    launch_gemv_kernel,
+    store_gemv,
 )
-from tileinfer.backends.triton.pdl import launch_options
-from tileinfer.backends.triton.rms_norm import norm_launch_config
 
 
 @dataclass(frozen=True)
@@ -70,8 +64,8 @@ class Int8GemvConfig:
 def gemv_int8_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> Int8GemvConfig:
     """Tiles of the W8A16 GEMV; ``N`` = weight rows (2I for the fused SwiGLU weight), ``T`` <= 16.
 
-    The BF16 rule (linear_gemv.py ``gemv_config``) with BLOCK_K doubled, i.e. the same bytes per
-    tile and per thread access (16 bytes):
+    The BF16 rule (linear_gemv.py ``gemv_config``, through ``gemv_tiles``) with BLOCK_K doubled,
+    i.e. the same bytes per tile and per thread access (16 bytes):
 
     - T = 1: BLOCK_N = 4, BLOCK_K = 1,024, 2 warps, 1 stage; layers with fewer than 16 such
       programs per SM (Qwen3-4B's qkv, o_proj, down; every Qwen3-0.6B layer but the lm_head)
@@ -81,15 +75,7 @@ def gemv_int8_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> Int8
 
     Not yet tuned on a GPU: bench/kernels/linear_int8.py --sweep times the alternatives.
     """
-    assert N >= 1 and K >= 1 and 1 <= T <= SMALL_STEP_MAX_TOKENS
-    if T == 1:
-        block_n, block_k, warps, stages = 4, 1024, 2, 1
-        if triton.cdiv(N, block_n) < 16 * sms:
-            block_k, warps = 2048, 4
-    else:
-        block_n, block_k, warps, stages = 32, 256, 4, 4
-    block_k = min(block_k, max(16, triton.next_power_of_2(K)))
-    return Int8GemvConfig(block_n, block_k, gemv_split_k(N, K, block_n, block_k, sms), warps, stages)
+    return Int8GemvConfig(*gemv_tiles(N, K, T, sms, k_per_byte=2))
 
 
 @triton.jit
@@ -125,48 +111,6 @@ def _accumulate_int8(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, BI
 
 
 @triton.jit
-def _gemv_int8_rows(
-    x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
-    BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
-    DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr,
-    NORM_K: tl.constexpr, NORM_HALF: tl.constexpr, BITS: tl.constexpr,
-):
-    """Unscaled float32 sums of x[t, k] * q[rows, k] over the K chunks [kb_lo, kb_hi) (never
-    empty): ``[BLOCK_T, BLOCK_N]`` (tl.dot path) or ``[BLOCK_N]`` (T = 1). ``rows`` must be valid
-    row indices. The first weight chunk is loaded before the grid dependency wait (``PDL``)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_t = tl.arange(0, BLOCK_T)
-    t_mask = offs_t < T
-    w_ptrs = w_ptr + rows.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]
-    if USE_DOT:
-        x_ptrs = x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt + offs_k[None, :]
-        acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    else:
-        x_ptrs = x_ptr + offs_k
-        acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
-    k0 = kb_lo * BLOCK_K
-    w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
-    if PDL:
-        gdc_wait()
-    if NORM:
-        rstd = _norm_rstd(x_ptr, T, stride_xt, eps, BLOCK_T, NORM_K, NORM_HALF, USE_DOT)
-    x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
-    if NORM:
-        x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
-    acc = _accumulate_int8(acc, w, x, USE_DOT, DOT_F32, BITS)
-    for kb in range(kb_lo + 1, kb_hi):
-        k0 = kb * BLOCK_K
-        w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
-        x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
-        if NORM:
-            x = _normalize_x(x, nw_ptr, k0, offs_k, K, rstd, USE_DOT, EVEN_K)
-        acc = _accumulate_int8(acc, w, x, USE_DOT, DOT_F32, BITS)
-    if not USE_DOT:
-        acc = tl.sum(acc, axis=1)
-    return acc
-
-
-@triton.jit
 def _scaled(acc, s_ptr, rows, USE_DOT: tl.constexpr):
     """The accumulator times the float32 scales of ``rows`` (one per output column)."""
     s = tl.load(s_ptr + rows)
@@ -187,34 +131,19 @@ def _gemv_int8_kernel(
     """y[t, n] = round(acc * scale[n]) (or split pid_k's scaled float32 partial) for the BLOCK_N
     output columns of this program; N = output columns (I when SWIGLU: gate row n, up row I_OFF +
     n). NORM: x is RMS-normalized first; RESIDUAL: ``r[t, n]`` is added to the rounded result."""
-    if PDL:
-        gdc_launch_dependents()
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    kb_lo = pid_k * kb_per_split
-    kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
-    acc = _gemv_int8_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
-                          BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF, BITS)
+    pid_k, kb_lo, kb_hi, offs_n, rows = gemv_program(K, N, kb_per_split, BLOCK_N, BLOCK_K, PDL)
+    acc = gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps, BLOCK_T, BLOCK_N,
+                    BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF, _accumulate_int8, BLOCK_K // 16,
+                    BITS)
     acc = _scaled(acc, s_ptr, rows, USE_DOT)
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
-        acc_u = _gemv_int8_rows(x_ptr, w_ptr, nw_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
-                                BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF,
-                                BITS)
+        acc_u = gemv_rows(x_ptr, w_ptr, nw_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps,
+                          BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF,
+                          _accumulate_int8, BLOCK_K // 16, BITS)
         acc_u = _scaled(acc_u, s_ptr, rows + I_OFF, USE_DOT)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
-    y_ptr += pid_k.to(tl.int64) * stride_ys
-    n_mask = offs_n < N
-    if USE_DOT:
-        offs_t = tl.arange(0, BLOCK_T).to(tl.int64)[:, None]
-        mask = (offs_t < T) & n_mask[None, :]
-        y = add_residual(acc.to(out_ty), r_ptr + offs_t * stride_rt + offs_n[None, :], mask, RESIDUAL)
-        tl.store(y_ptr + offs_t * stride_yt + offs_n[None, :], y, mask=mask)
-    else:
-        y = add_residual(acc.to(out_ty), r_ptr + offs_n, n_mask, RESIDUAL)
-        tl.store(y_ptr + offs_n, y, mask=n_mask)
+    store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT, RESIDUAL)
 
 
 def launch_gemv_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
@@ -223,37 +152,9 @@ def launch_gemv_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out:
     """The GEMV of ``linear_int8`` (T <= 16) on checked arguments: ``_gemv_int8_kernel`` alone, or
     with split K its scaled float32 partials over all weight rows (the prologue included) then the
     BF16 GEMV's ``_splitk_reduce_kernel``, which applies the epilogues."""
-    T, K = x.shape
-    n_w = q.shape[0]
-    use_dot = T > 1
     assert cfg.block_k % 16 == 0, f"block_k must be a multiple of 16 (a thread's 16-byte access), got {cfg.block_k}"
-    k_blocks = triton.cdiv(K, cfg.block_k)
-    kb_per_split = triton.cdiv(k_blocks, cfg.split_k)
-    split = triton.cdiv(k_blocks, kb_per_split)  # no empty split
-    norm = norm_weight is not None
-    has_residual = residual is not None
-    nw = norm_weight if norm else x
-    r = residual if has_residual else out
-    consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                  USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
-                  NORM=norm, NORM_K=K if norm else 0, NORM_HALF=norm_launch_config(K, 1)[1] if norm else 1,
-                  BITS=cfg.bit_convert, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True,
-                  **launch_options(pdl))
-    if split == 1:
-        grid = (triton.cdiv(n_out, cfg.block_n), 1)
-        _gemv_int8_kernel[grid](x, q, scale, out, nw, r, T, n_out, K, i_off, kb_per_split, eps,
-                                x.stride(0), q.stride(0), 0, out.stride(0), r.stride(0),
-                                SWIGLU=swiglu, RESIDUAL=has_residual, **consts)
-        return
-    part = torch.empty((split, T, n_w), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(n_w, cfg.block_n), split)
-    _gemv_int8_kernel[grid](x, q, scale, part, nw, part, T, n_w, K, 0, kb_per_split, eps,
-                            x.stride(0), q.stride(0), part.stride(0), part.stride(1), 0,
-                            SWIGLU=False, RESIDUAL=False, **consts)
-    grid = (T, triton.cdiv(n_out, REDUCE_BLOCK))
-    _splitk_reduce_kernel[grid](part, out, r, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
-                                r.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl,
-                                RESIDUAL=has_residual, num_warps=4, enable_fp_fusion=True, **launch_options(pdl))
+    launch_gemv_kernel(_gemv_int8_kernel, x, (q, scale), x, out, norm_weight, eps, residual, cfg, n_out, i_off, swiglu,
+                       dot_f32, pdl, BITS=cfg.bit_convert)
 
 
-__all__ = ["Int8GemvConfig", "gemv_int8_config", "int8_to", "launch_gemv_int8"]
+__all__ = ["GEMV_BLOCK_T", "Int8GemvConfig", "gemv_int8_config", "int8_to", "launch_gemv_int8"]

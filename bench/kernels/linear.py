@@ -265,9 +265,12 @@ def decode_step(args, bandwidth: float) -> dict:
     return dict(results=records)
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None, script: str, record: str, parse_args, per_layer, decode_step) -> int:
+    """The main of this benchmark and of linear_int8.py: ``script``'s arguments, the GPU check, the
+    device line, ``per_layer`` or ``decode_step`` (``--decode-step``), and the JSON record
+    ``record`` (``record``_decode_step)."""
     args = parse_args(argv)
-    if not op_benchmark.gpu_visible("linear.py"):
+    if not op_benchmark.gpu_visible(script):
         return 2
     import triton
 
@@ -278,11 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(torch.device("cuda"))
     print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy bandwidth {bandwidth / 1e12:.2f} TB/s "
           f"(read + write), torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    record = decode_step(args, bandwidth) if args.decode_step else per_layer(args, bandwidth, sms)
+    result = decode_step(args, bandwidth) if args.decode_step else per_layer(args, bandwidth, sms)
     print(f"total {time.perf_counter() - t_start:.0f} s")
-    name = "linear_decode_step" if args.decode_step else "linear"
-    op_benchmark.write_record(args.out, name, dict(copy_bandwidth_tb_s=bandwidth / 1e12, **record))
+    name = f"{record}_decode_step" if args.decode_step else record
+    op_benchmark.write_record(args.out, name, dict(copy_bandwidth_tb_s=bandwidth / 1e12, **result))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(argv, "linear.py", "linear", parse_args, per_layer, decode_step)
 
 
 if __name__ == "__main__":

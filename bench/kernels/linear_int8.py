@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import op_benchmark  # noqa: E402
-from limits import copy_bandwidth  # noqa: E402
-from linear import layer_shapes, rotated_seconds  # noqa: E402
+from linear import layer_shapes, rotated_seconds, run  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 from timing import graph_seconds  # noqa: E402
 
@@ -204,23 +202,7 @@ def decode_step(args, bandwidth: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if not op_benchmark.gpu_visible("linear_int8.py"):
-        return 2
-    import triton
-
-    from tileinfer.backends.triton.interpreter import num_sms
-
-    t_start = time.perf_counter()
-    sms = num_sms(torch.cuda.current_device())
-    bandwidth = copy_bandwidth(torch.device("cuda"))
-    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy bandwidth {bandwidth / 1e12:.2f} TB/s "
-          f"(read + write), torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    record = decode_step(args, bandwidth) if args.decode_step else per_layer(args, bandwidth, sms)
-    print(f"total {time.perf_counter() - t_start:.0f} s")
-    name = "linear_int8_decode_step" if args.decode_step else "linear_int8"
-    op_benchmark.write_record(args.out, name, dict(copy_bandwidth_tb_s=bandwidth / 1e12, **record))
-    return 0
+    return run(argv, "linear_int8.py", "linear_int8", parse_args, per_layer, decode_step)
 
 
 if __name__ == "__main__":

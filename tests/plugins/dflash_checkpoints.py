@@ -6,6 +6,9 @@ model.safetensors whose names carry no ``model.`` prefix and hold no embedding o
 
 ``reference_logits`` is the drafter written from the spec (shared/notes/dflash.md section 1) in
 plain torch over the checkpoint's tensors: it calls none of tileinfer's layers.
+
+``exact_marginals``: the exact distributions of an engine's first sampled tokens, for the
+sampled-speculation tests of the dflash and draft proposers.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from tileinfer.interfaces import Step
 
 # The odd target of the DFlash tests: 7 layers, hidden 96, GQA 4 / 2 heads of 40 (not 96 / 4).
 TARGET = dict(layers=7, hidden=96, heads=4, kv_heads=2, head_dim=40, intermediate=160, vocab=320, tie=True,
@@ -144,3 +149,25 @@ def reference_logits(folder: Path, features: torch.Tensor, block: list[int], emb
         gate, up = x @ w[p + "mlp.gate_proj.weight"].T, x @ w[p + "mlp.up_proj.weight"].T
         h = h + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
     return _rms(h[1:], w["norm.weight"], eps) @ head.double().T
+
+
+def next_probs(e, ids: list[int]) -> torch.Tensor:
+    """The engine's sampling distribution (float64) of the token after ``ids``, from a fresh cache."""
+    e.kv.reset()
+    e.kv.reserve(len(ids))
+    logits, _ = e.model.forward(torch.tensor(ids), Step.at(0, len(ids), e.device), e.kv, last_only=True)
+    return e.sampler.probs(logits)[0].double()
+
+
+def exact_marginals(e, prompt: list[int], n: int) -> list[torch.Tensor]:
+    """Exact distributions of the first ``n`` sampled tokens (top-k keeps the paths few)."""
+    out, paths = [], {(): 1.0}
+    for _ in range(n):
+        marginal, longer = 0, {}
+        for path, weight in paths.items():
+            p = next_probs(e, prompt + list(path))
+            marginal = marginal + weight * p
+            longer.update({path + (t,): weight * float(p[t]) for t in p.nonzero().flatten().tolist()})
+        out.append(marginal)
+        paths = longer
+    return out

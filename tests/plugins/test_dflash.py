@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from conftest import ROOT, reference_engine, repetitive_prompt
-from tileinfer.interfaces import SamplingParams, Step
+from tileinfer.interfaces import SamplingParams
 
 sys.path.insert(0, str(ROOT / "tests" / "core"))
 sys.path.insert(0, str(ROOT / "tests" / "plugins"))
-from dflash_checkpoints import TARGET, make_dflash, reference_logits  # noqa: E402
+from dflash_checkpoints import TARGET, exact_marginals, make_dflash, reference_logits  # noqa: E402
 from test_speculative import chi2_pvalue, fits  # noqa: E402
 
 
@@ -188,27 +188,6 @@ TOP_K = 3
 N = 1500
 
 
-def _next_probs(e, ids: list[int]) -> torch.Tensor:
-    e.kv.reset()
-    e.kv.reserve(len(ids))
-    logits, _ = e.model.forward(torch.tensor(ids), Step.at(0, len(ids), e.device), e.kv, last_only=True)
-    return e.sampler.probs(logits)[0].double()
-
-
-def _marginals(e, prompt: list[int], n: int) -> list[torch.Tensor]:
-    """Exact distributions of the first ``n`` sampled tokens (top-k keeps the paths few)."""
-    out, paths = [], {(): 1.0}
-    for _ in range(n):
-        marginal, longer = 0, {}
-        for path, weight in paths.items():
-            p = _next_probs(e, prompt + list(path))
-            marginal = marginal + weight * p
-            longer.update({path + (t,): weight * float(p[t]) for t in p.nonzero().flatten().tolist()})
-        out.append(marginal)
-        paths = longer
-    return out
-
-
 @pytest.mark.parametrize("greedy_drafts", [True, False])
 def test_sampled_dflash_speculation_keeps_the_target_distribution(case, tmp_path, greedy_drafts):
     """Tokens 2 and 3 (the first speculative step, k = 2: accepted drafts, corrections, bonus
@@ -218,7 +197,7 @@ def test_sampled_dflash_speculation_keeps_the_target_distribution(case, tmp_path
     target, _, _ = case
     prompt = repetitive_prompt()[:8]
     sampling = dict(temperature=1.0, top_k=TOP_K)
-    p = _marginals(engine(target, **sampling), prompt, 3)
+    p = exact_marginals(engine(target, **sampling), prompt, 3)
     likeliest = int(p[0].argmax())
     drafter = make_dflash(tmp_path / "likeliest", mask=likeliest, quiet=1e-3, max_positions=1024)
     e = engine(target, drafter, greedy=greedy_drafts, spec_k=2, **sampling)

@@ -18,14 +18,14 @@ import pytest
 import torch
 
 import tileinfer
-from conftest import reference_engine, repetitive_prompt
+from conftest import ROOT, load_script, reference_engine, repetitive_prompt
 from tileinfer.cli import main
 from tileinfer.errors import ConfigError
-from tileinfer.interfaces import SamplingParams, Step
-
-from conftest import ROOT, load_script
+from tileinfer.interfaces import SamplingParams
 
 sys.path.insert(0, str(ROOT / "tests" / "core"))
+sys.path.insert(0, str(ROOT / "tests" / "plugins"))
+from dflash_checkpoints import exact_marginals  # noqa: E402
 from test_speculative import chi2_pvalue, fits  # noqa: E402
 
 
@@ -133,27 +133,6 @@ TOP_K = 3
 N = 1500
 
 
-def _next_probs(e, ids: list[int]) -> torch.Tensor:
-    e.kv.reset()
-    e.kv.reserve(len(ids))
-    logits, _ = e.model.forward(torch.tensor(ids), Step.at(0, len(ids), e.device), e.kv, last_only=True)
-    return e.sampler.probs(logits)[0].double()
-
-
-def _marginals(e, prompt: list[int], n: int) -> list[torch.Tensor]:
-    """Exact distributions of the first ``n`` sampled tokens (top-k keeps the paths few)."""
-    out, paths = [], {(): 1.0}
-    for _ in range(n):
-        marginal, longer = 0, {}
-        for path, weight in paths.items():
-            p = _next_probs(e, prompt + list(path))
-            marginal = marginal + weight * p
-            longer.update({path + (t,): weight * float(p[t]) for t in p.nonzero().flatten().tolist()})
-        out.append(marginal)
-        paths = longer
-    return out
-
-
 def test_sampled_draft_speculation_keeps_the_target_distribution(case):
     """Tokens 2 and 3 (the first speculative step, k = 2: accepted drafts, corrections, bonus
     tokens) over N seeds against their exact marginals under the target; the same test rejects
@@ -161,8 +140,8 @@ def test_sampled_draft_speculation_keeps_the_target_distribution(case):
     target, _, drafts = case
     prompt = repetitive_prompt()[:8]
     sampling = dict(temperature=1.0, top_k=TOP_K)
-    p = _marginals(engine(target, **sampling), prompt, 3)
-    q = _marginals(engine(drafts["near"], **sampling), prompt, 3)
+    p = exact_marginals(engine(target, **sampling), prompt, 3)
+    q = exact_marginals(engine(drafts["near"], **sampling), prompt, 3)
     e = engine(target, drafts["near"], spec_k=2, draft_options={"greedy": False}, **sampling)
     runs = [e.generate(prompt, max_new_tokens=3, sampling=SamplingParams(**sampling, seed=s)) for s in range(N)]
     drafted = sum(r.stats.drafted_tokens for r in runs)
@@ -244,3 +223,23 @@ def test_cli_errors_are_one_line(case, checkpoint_factory, capsys):
         out, err = capsys.readouterr()
         assert status == 2 and out == ""
         assert err.startswith("error: ") and err.count("\n") == 1 and err.count("error:") == 1, err
+
+
+@pytest.mark.gpu
+def test_the_drafts_steps_replayed_from_cuda_graphs_give_the_eager_drafts(checkpoint_factory):
+    """On a GPU with cuda_graphs the draft's steps replay graphs (GraphedSteps) and draft exactly what
+    its eager steps draft: the same tokens, steps and accepted drafts (bfloat16, default kernels)."""
+    from tileinfer.steps import EagerSteps, GraphedSteps
+
+    target = checkpoint_factory(max_positions=512)
+    draft = checkpoint_factory(layers=1, seed=1, max_positions=512)
+    runs = {}
+    for graphs in (True, False):
+        e = tileinfer.Engine.from_config(model=str(target), device="cuda", kv_page_size=16, progress=False,
+                                         proposer="draft", spec_k=5, cuda_graphs=graphs, temperature=0.0,
+                                         options={"draft": {"model": str(draft)}})
+        assert isinstance(e.proposer.steps, GraphedSteps if graphs else EagerSteps)
+        runs[graphs] = e.generate(repetitive_prompt(), max_new_tokens=48, ignore_eos=True)
+    assert runs[True].token_ids == runs[False].token_ids
+    assert runs[True].stats.drafted_tokens == runs[False].stats.drafted_tokens > 0
+    assert runs[True].stats.accepted_tokens == runs[False].stats.accepted_tokens
