@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from conftest import REFERENCE_CPU, load_script
 
+pytest.importorskip("uvicorn")  # the server's stack: installed by the [test] extra, absent on the GPU machine
 server_bench = load_script("bench/server.py", "tileinfer_bench_server")
 defaults = load_script("bench/generation_defaults.py", "tileinfer_bench_generation_defaults")
 

@@ -10,14 +10,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-import httpx
-import openai
 import pytest
-import uvicorn
 
-import tileinfer
-from tileinfer.server import create_app
-from conftest import REFERENCE_CPU as BASE
+httpx = pytest.importorskip("httpx")  # the server's stack: installed by the [test] extra, absent on the GPU machine
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+import tileinfer  # noqa: E402
+from conftest import REFERENCE_CPU as BASE  # noqa: E402
+from tileinfer.server import create_app  # noqa: E402
 
 KEY = "sk-test-key"
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick brown fox",

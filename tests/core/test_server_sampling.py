@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import math
 
-import openai
 import pytest
 import torch
 
-import tileinfer
-from conftest import REFERENCE_CPU as BASE
-from test_server import KEY, assert_error, model_id, post, running
-from tileinfer.interfaces import SamplingParams
+openai = pytest.importorskip("openai")  # the server's stack: installed by the [test] extra, absent on the GPU machine
+
+import tileinfer  # noqa: E402
+from conftest import REFERENCE_CPU as BASE  # noqa: E402
+from test_server import KEY, assert_error, model_id, post, running  # noqa: E402
+from tileinfer.interfaces import SamplingParams  # noqa: E402
 
 PENALTIES = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
 
