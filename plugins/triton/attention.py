@@ -22,6 +22,7 @@ from tileinfer.backends.triton.paged_attention import decode_splits, paged_decod
 from tileinfer.backends.triton.pdl import pdl_supported
 from tileinfer.backends.triton.rms_norm import rms_norm
 from tileinfer.backends.triton.rope import apply_rope
+from tileinfer.errors import ConfigError
 from tileinfer.interfaces import Attention, KVStore, RunSpec, Step
 from tileinfer.options import Option
 from tileinfer.plugins.reference.attention import dense_attention
@@ -75,6 +76,10 @@ class TritonAttention(Attention):
     def __init__(self, spec, *, layer, q_norm_weight, k_norm_weight, rope, options=None) -> None:
         super().__init__(spec, layer=layer, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, rope=rope,
                          options=options)
+        d = spec.head_dim
+        if d < 16 or d & (d - 1):
+            raise ConfigError(f"attention=triton cannot run this model: its head_dim {d} is not a power of two >= 16 "
+                              "(Qwen3's are 64 and 128); use attention=reference")
         self.pdl = self.options["pdl"] and pdl_supported(q_norm_weight.device)
         self._inputs = attention_inputs if self.options["fuse_inputs"] else inputs_per_op
 

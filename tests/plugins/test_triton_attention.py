@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import tileinfer
 from conftest import DEVICE
 from tileinfer.backends.reference.paged_attention import gather_pages
+from tileinfer.errors import ConfigError
 from tileinfer.interfaces import AttentionSpec, KVGeometry, Step
 from tileinfer.model import rope_table
 from tileinfer.plugins.reference.attention import ReferenceAttention
@@ -142,3 +144,11 @@ def test_the_engine_runs_the_triton_attention_over_int8_pages(checkpoint_factory
     assert got.token_ids == expected.token_ids
     if proposer != "none":
         assert got.stats.drafted_tokens > 0
+
+
+def test_a_head_size_the_kernels_do_not_take_is_one_error_at_load(checkpoint_factory):
+    folder = checkpoint_factory(head_dim=40)
+    with pytest.raises(ConfigError, match="attention=triton cannot run this model: its head_dim 40 is not a power "
+                                          "of two >= 16"):
+        tileinfer.Engine.from_config(model=str(folder), device="cpu", dtype="float32", attention="triton",
+                                     progress=False)
