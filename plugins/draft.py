@@ -9,7 +9,8 @@ It prefills its own cache on the prompt chunk by chunk as the target prefills it
 one step of at most ``prefill_chunk`` tokens each), and on the first sampled token at ``start``.
 Each step it catches up on the tokens the target committed that it has not cached yet (the
 target's correction or bonus token, and a last draft it had not fed), then drafts ``k`` tokens one
-at a time: greedily (``options.draft.greedy=true``, q one-hot), or drawn from its own distribution
+at a time: greedily (``options.draft.greedy=true``, q one-hot; each argmax fed to the next step on
+the device, the host reading the draft once), or drawn from its own distribution
 under the target's sampling settings (``greedy=false``: ``Draft.probs`` is q, for the p/q rule).
 After the verify step it forgets the drafts the target rejected (``KVStore.truncate``): its cache
 always holds a prefix of the committed sequence.
@@ -171,19 +172,30 @@ class DraftModelProposer(Proposer):
             self._feed(tokens[len(self._cached):] or tokens[-1:], rewind=not tokens[len(self._cached):])
         self._committed = len(tokens)
         sampler = self.context.sampler
-        sampled = not self.options["greedy"] and not sampler.greedy
+        if self.options["greedy"] or sampler.greedy:
+            return Draft(self._draft_greedy(k))
         drafts, probs = [], []
         for i in range(k):
-            logits = self._next[None]
-            if sampled:
-                q = sampler.probs(logits)
-                drafts.append(int(sampler.draw(q)[0]))
-                probs.append(q[0])
-            else:
-                drafts.append(int(logits.argmax(-1)[0]))
+            q = sampler.probs(self._next[None])
+            drafts.append(int(sampler.draw(q)[0]))
+            probs.append(q[0])
             if i < k - 1:
                 self._feed(drafts[-1:])
-        return Draft(drafts, torch.stack(probs) if sampled else None)
+        return Draft(drafts, torch.stack(probs))
+
+    def _draft_greedy(self, k: int) -> list[int]:
+        """``k`` argmax drafts, each fed back to the next step on the device: the host reads the
+        whole draft once, after its last step is enqueued."""
+        start, picks = len(self._cached), []
+        for i in range(k):
+            picks.append(self._next.argmax(-1, keepdim=True))  # [1] int64, before the next step overwrites _next
+            if i < k - 1:
+                self.kv.reserve(start + i + 1)
+                logits, _ = self.steps.forward(picks[-1], start + i)
+                self._next = logits[-1]
+        drafts = torch.cat(picks).tolist()
+        self._cached += drafts[:k - 1]
+        return drafts
 
     def accept(self, tokens: list[int], num_accepted: int, hidden: dict[int, torch.Tensor]) -> None:
         """Keep the cached drafts the target accepted, forget the rest."""
