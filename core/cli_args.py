@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     quantize = sub.add_parser("quantize", help="write a weight-only INT8 (W8A16) copy of a checkpoint",
                               description="Quantize every linear (and an untied lm_head) to int8 with one float32 "
                               "scale per output channel, in the compressed-tensors pack-quantized format that vLLM "
-                              "reads; the embedding and norms stay as they are. The copy loads with quantize=int8.")
+                              "reads; the embedding and norms stay as they are. The copy runs as INT8 by default "
+                              "(quantize=auto).")
     quantize.add_argument("--model", metavar="DIR", required=True, help="Hugging Face Qwen3 checkpoint folder")
     quantize.add_argument("--out", metavar="DIR", required=True, help="new (or empty) folder to write")
     _global(quantize, main=False)
