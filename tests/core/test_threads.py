@@ -30,8 +30,8 @@ def restore_threads():
 
 
 def test_the_engine_applies_it_on_a_cpu(tiny_checkpoint, restore_threads, monkeypatch):
-    tileinfer.Engine.from_config(model=str(tiny_checkpoint), overrides=[*BASE, "threads=2"], progress=False)
-    assert torch.get_num_threads() == 2
+    tileinfer.Engine.from_config(model=str(tiny_checkpoint), overrides=[*BASE, "threads=3"], progress=False)
+    assert torch.get_num_threads() == 3  # not this machine's 2 cores: the key, not a default
     monkeypatch.setattr(threads, "cpu_threads", lambda setting: 1 if setting == 0 else setting)
     monkeypatch.setattr(tileinfer.engine, "cpu_threads", threads.cpu_threads)
     tileinfer.Engine.from_config(model=str(tiny_checkpoint), overrides=BASE, progress=False)
