@@ -8,7 +8,8 @@
 # (about 7 MB; .peer/ is ignored by git, carried to the GPU machine).
 # On the GPU machine (about 4 minutes of build, then about 1 minute per shape):
 #   run(command="COMMIT=abc1234 bash bench/llamacpp.sh bench Qwen3-0.6B Qwen3-4B", carry=[".peer", ".whl"])
-# builds llama-bench (CUDA, sm_90, Ninja), converts the same random checkpoint as bench/run.py uses
+# builds llama-bench (`build` alone does only that, e.g. in the background while the GPU is busy;
+# `bench` then reuses it) (CUDA, sm_90, Ninja), converts the same random checkpoint as bench/run.py uses
 # to a BF16 GGUF (bench/llamacpp_peer.py gguf), runs llama-bench at the matrix's sizes (pp1024 from an
 # empty cache; tg128 at depths 0 and 1024, flash attention, all layers on the GPU, 3 repetitions) and
 # writes the matrix's rows to $OUT/llamacpp/results.json (peer "llama.cpp").
@@ -30,21 +31,26 @@ prepare)
   tar czf .peer/llama.cpp.tgz -C "$(dirname "$tree")" llama.cpp
   rm -rf "$work"
   ls -la .peer/llama.cpp.tgz ;;
-bench)
-  shift
-  (( $# )) || { echo "usage: bash bench/llamacpp.sh bench SHAPE..." >&2; exit 2; }
+build)
+  # llama-bench only (CPU work: it can run while the GPU does something else); bench reuses it
   : "${OUT:?OUT: the folder whose files come back}"
   [[ -f .peer/llama.cpp.tgz ]] || { echo "error: .peer/llama.cpp.tgz is missing: run 'bash bench/llamacpp.sh prepare' here and carry .peer" >&2; exit 2; }
-  source bench/device.sh setup || exit 1
   build=/tmp/llamacpp && mkdir -p "$build" "$OUT/llamacpp"
+  [[ -x "$build/out/bin/llama-bench" ]] && exit 0
   tar xzf .peer/llama.cpp.tgz -C "$build"
   began=$SECONDS
   cmake -S "$build/llama.cpp" -B "$build/out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_CURL=OFF > "$OUT/llamacpp/build.log" 2>&1
-  cmake --build "$build/out" --target llama-bench -j16 >> "$OUT/llamacpp/build.log" 2>&1 \
+  cmake --build "$build/out" --target llama-bench -j"${JOBS:-16}" >> "$OUT/llamacpp/build.log" 2>&1 \
     || { tail -30 "$OUT/llamacpp/build.log"; exit 1; }
-  echo "llama-bench built in $((SECONDS - began)) s"
+  echo "llama-bench built in $((SECONDS - began)) s" ;;
+bench)
+  shift
+  (( $# )) || { echo "usage: bash bench/llamacpp.sh bench SHAPE..." >&2; exit 2; }
+  bash "$0" build || exit 1
+  source bench/device.sh setup || exit 1
+  build=/tmp/llamacpp
   for shape in "$@"; do
     python3 bench/llamacpp_peer.py gguf --shape "$shape" --tree "$build/llama.cpp" --out "$build/$shape.gguf"
     "$build/out/bin/llama-bench" -m "$build/$shape.gguf" -p 1024 -n 128 -d 0,1024 -ngl 99 -fa 1 -r 3 -o json \
@@ -54,5 +60,5 @@ bench)
   python3 bench/llamacpp_peer.py records --commit "${COMMIT:?set COMMIT}" --out "$OUT/llamacpp/results.json" \
     "$OUT"/llamacpp/*.bench.json ;;
 *)
-  echo "usage: bash bench/llamacpp.sh prepare | bench SHAPE..." >&2; exit 2 ;;
+  echo "usage: bash bench/llamacpp.sh prepare | build | bench SHAPE..." >&2; exit 2 ;;
 esac

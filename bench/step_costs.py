@@ -1,7 +1,7 @@
 """What one decode or verify step costs: ms per step of T tokens after N cached positions.
 
     python bench/step_costs.py [--shape NAME]... [--variant NAME]... [--tokens 1,2,4,8,16]
-                               [--contexts 1024,8192] [--out DIR]
+                               [--contexts 1024,8192] [--profile] [--out DIR]
 
 For each shape and variant the engine is built once (its KV pool sized for the longest context),
 a random prompt of N tokens is prefilled, and then the step runner the engine decodes with (CUDA
@@ -11,7 +11,9 @@ the same positions N .. N+T-1, so every call is the same step. Records are the m
 rows with workload ``step{T}_ctx{N}`` and unit ``ms``, plus ``ratio_to_step1`` (the step's cost over
 the 1-token step's at the same context, what divides every proposer's speedup) and
 ``roofline_ms`` (the bytes a step reads, weights once plus the cached K and V, at the copy
-bandwidth measured in the same run). Without a GPU the shape is tiny and the contexts 32x shorter,
+bandwidth measured in the same run). ``--profile`` also records, per step, the device time of each
+kernel (torch.profiler over 10 calls, summed by kernel name, per call) as the row's ``kernels_us``
+and prints the kernels that make up the step's cost. Without a GPU the shape is tiny and the contexts 32x shorter,
 which checks the script, not the figures. Writes ``step_costs.json`` under --out and prints a table.
 """
 
@@ -51,6 +53,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cached positions before the step, comma-separated (default 1024,8192; 32,256 on a CPU)")
     p.add_argument("--repeats", type=int, default=50 if gpu else 3, help="timed calls per step (median)")
     p.add_argument("--checkpoints", type=Path, default=SCRATCH, help="where random checkpoints are written once")
+    p.add_argument("--profile", action="store_true", help="also record each step's per-kernel device times")
     p.add_argument("--commit", help="commit hash to record (default: git rev-parse of this checkout)")
     p.add_argument("--out", type=Path, default=Path("bench/results/steps"), help="folder for step_costs.json")
     args = p.parse_args(argv)
@@ -78,6 +81,31 @@ def step_ms(engine: tileinfer.Engine, tokens: int, context: int, repeats: int) -
         kv.truncate(context)
 
 
+def kernel_profile(engine: tileinfer.Engine, tokens: int, context: int, calls: int = 10) -> dict[str, float]:
+    """Device microseconds per step of each kernel (by name) of a step of ``tokens`` after ``context``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps, kv = engine.decoder.steps, engine.kv
+    ids = torch.tensor(random_prompt(tokens, engine.model_config.vocab_size, seed=1), device=engine.device)
+    kv.reserve(context + tokens)
+    try:
+        with torch.inference_mode():
+            for _ in range(3):
+                steps.forward(ids, context)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    steps.forward(ids, context)
+                torch.cuda.synchronize()
+    finally:
+        kv.truncate(context)
+    times: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name] = times.get(event.name, 0.0) + event.device_time / calls
+    return dict(sorted(times.items(), key=lambda kv_: -kv_[1]))
+
+
 def measure_variant(folder: Path, shape: str, variant: str, args, env: dict) -> list[dict]:
     sources, overrides = engine_args(variant)
     runner = EngineRunner(folder, sources, overrides, max(args.contexts) + max(args.tokens))
@@ -99,6 +127,11 @@ def measure_variant(folder: Path, shape: str, variant: str, args, env: dict) -> 
                              "roofline_fraction": roof / ms, "tflops": None, "peak_fraction": None, **env})
                 print(f"{shape:11} {variant:10} T={t:2} N={n:6} {ms:8.3f} ms  x{rows[-1]['ratio_to_step1'] or 0:5.2f}"
                       f"  roofline {roof:.3f} ms ({roof / ms:.0%})", flush=True)
+                if args.profile and engine.device.type == "cuda":
+                    kernels = kernel_profile(engine, t, n)
+                    rows[-1]["kernels_us"] = kernels
+                    for name, us in list(kernels.items())[:8]:
+                        print(f"{'':28}{us:9.1f} us  {name[:90]}")
     finally:
         runner.close()
     return rows
