@@ -11,8 +11,10 @@ the SwiGLU (gate and up tiles of the same program, each scaled and rounded to th
 and the residual add (``round(y + r)``). Prefill is compute-bound, and the converted tile goes to
 the tensor cores through registers rather than staged by the copy engine like the BF16 operands,
 so the tiles are a rule of their own (:func:`gemm_int8_config`, ``GEMM_INT8_TILES``): int8 weight
-rows of BLOCK_K = 128 bytes for the smaller tiles (a full 128-byte line per row). Under the
-interpreter the dot operands are float32 (``DOT_F32``).
+rows of BLOCK_K = 128 bytes for the smaller tiles (a full 128-byte line per row). ``swap_ab``
+computes the tile transposed (``q x^T``): the converted weight is then the dot's first operand,
+which Hopper's tensor cores read from registers, while x is staged in shared memory by the
+pipeliner as in the BF16 GEMM. Under the interpreter the dot operands are float32 (``DOT_F32``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Int8GemmConfig:
     num_warps: int
     num_stages: int
     bit_convert: bool = True  # int8 -> float by bit patterns (False: Triton's cast)
+    swap_ab: bool = False  # the converted weight tile as the dot's first operand (y^T = q x^T)
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, relative throughput of one tile's MMAs): the
@@ -72,29 +75,47 @@ def _load_tile(ptrs, k0, offs_k, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _dot_tile(a, b, acc, SWAP_AB: tl.constexpr):
+    """``acc + a b^T`` (``[BM, BN]``), or with SWAP_AB ``acc + b a^T`` (``[BN, BM]``)."""
+    if SWAP_AB:
+        acc = tl.dot(b, tl.trans(a), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _gemm_int8_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, r_ptr, M, N, K, I_OFF, stride_xm, stride_wn, stride_ym, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
-    BITS: tl.constexpr,
+    BITS: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of y = round((x q^T) * scale) (N = output columns; I when SWIGLU,
-    whose program also computes the up tile at weight rows I_OFF + n); RESIDUAL adds ``r``."""
+    whose program also computes the up tile at weight rows I_OFF + n); RESIDUAL adds ``r``.
+    SWAP_AB: the tile is computed transposed, ``q x^T``, so that the converted weight tile is the
+    dot's first operand (which the tensor cores may read from registers) and x the second."""
     offs_m, offs_n, offs_k, rows_n, a_ptrs, b_ptrs, u_ptrs = gemm_tile(x_ptr, w_ptr, M, N, I_OFF, stride_xm, stride_wn,
                                                                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SWIGLU:
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = acc
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
         k0 = kb * BLOCK_K
         a = _load_tile(a_ptrs, k0, offs_k, K, EVEN_K)
         if DOT_F32:
             a = a.to(tl.float32)
         b = int8_to(_load_tile(b_ptrs, k0, offs_k, K, EVEN_K), a.dtype, BITS)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+        acc = _dot_tile(a, b, acc, SWAP_AB)
         if SWIGLU:
             bu = int8_to(_load_tile(u_ptrs, k0, offs_k, K, EVEN_K), a.dtype, BITS)
-            acc_u = tl.dot(a, tl.trans(bu), acc_u, input_precision="ieee")
+            acc_u = _dot_tile(a, bu, acc_u, SWAP_AB)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        if SWIGLU:
+            acc_u = tl.trans(acc_u)
     out_ty = y_ptr.dtype.element_ty
     acc = acc * tl.load(s_ptr + rows_n)[None, :]
     if SWIGLU:
@@ -114,7 +135,8 @@ def launch_gemm_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out:
     _gemm_int8_kernel[grid](x, q, scale, out, r, M, n_out, K, i_off, x.stride(0), q.stride(0), out.stride(0),
                             r.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                             GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0,
-                            RESIDUAL=residual is not None, BITS=cfg.bit_convert, num_warps=cfg.num_warps,
+                            RESIDUAL=residual is not None, BITS=cfg.bit_convert, SWAP_AB=cfg.swap_ab,
+                            num_warps=cfg.num_warps,
                             num_stages=cfg.num_stages, enable_fp_fusion=True)
 
 

@@ -64,18 +64,19 @@ class Int8GemvConfig:
 def gemv_int8_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> Int8GemvConfig:
     """Tiles of the W8A16 GEMV; ``N`` = weight rows (2I for the fused SwiGLU weight), ``T`` <= 16.
 
-    The BF16 rule (linear_gemv.py ``gemv_config``, through ``gemv_tiles``) with BLOCK_K doubled,
-    i.e. the same bytes per tile and per thread access (16 bytes):
+    Rule (measured on an H200 over the Qwen3-0.6B / 4B layers, every weight out of L2, against
+    ~15 alternatives per layer: bench/kernels/linear_int8.py --sweep):
 
-    - T = 1: BLOCK_N = 4, BLOCK_K = 1,024, 2 warps, 1 stage; layers with fewer than 16 such
-      programs per SM (Qwen3-4B's qkv, o_proj, down; every Qwen3-0.6B layer but the lm_head)
-      BLOCK_K = 2,048 and 4 warps.
-    - T = 2..16 (tl.dot, M padded to 16): BLOCK_N = 32, BLOCK_K = 256, 4 warps, 4 stages.
-    - BLOCK_K shrinks to next_pow2(K) for small K (never below 16); SPLIT_K by ``gemv_split_k``.
-
-    Not yet tuned on a GPU: bench/kernels/linear_int8.py --sweep times the alternatives.
+    - T = 1: BLOCK_N = 4, BLOCK_K = 512 int8 columns, 2 warps, 1 stage (8 rows for an lm_head:
+      98 % of the copy bandwidth at Qwen3-4B's); layers with fewer than 8 programs of 4 rows per
+      SM (o_proj, down, Qwen3-0.6B's qkv) BLOCK_K = 2,048 and 4 warps. The earlier 1,024 / 2,048
+      columns (the BF16 tiles' bytes) lost 11-33 % on qkv, gate_up and the lm_head. Records:
+      bench/results/NVIDIA-H200/tiles_df4a228/.
+    - T = 2..16 (tl.dot, M padded to 16): BLOCK_N = 32 (64 for an lm_head), BLOCK_K = 128,
+      4 warps, 4 stages, SPLIT_K by ``gemv_split_k`` (linear_gemv.py ``verify_tiles``).
+    - BLOCK_K shrinks to next_pow2(K) for small K (never below 16).
     """
-    return Int8GemvConfig(*gemv_tiles(N, K, T, sms, k_per_byte=2))
+    return Int8GemvConfig(*gemv_tiles(N, K, T, sms, int8=True))
 
 
 @triton.jit

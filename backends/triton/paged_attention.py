@@ -31,11 +31,13 @@ from tileinfer.backends.triton.pdl import use_pdl
 
 LOG2E = 1.4426950408889634
 DECODE_MAX_SPLITS = 16  # the default for long contexts
+DECODE_MAX_SPLITS_INT8 = 32  # int8 pages: each program converts its tiles, more of them hide it
 DECODE_MIN_KEYS_PER_SPLIT = 128
 
 
-def decode_splits(context_len: int) -> int:
-    """Default split count of the decode kernel for ``context_len`` cached positions.
+def decode_splits(context_len: int, int8: bool = False) -> int:
+    """Default split count of the decode kernel for ``context_len`` cached positions (``int8``:
+    over int8 pages).
 
     ``min(16, context_len // 128)``, at least 1: every split scans at least 128 keys (two 64-key
     tiles), and long contexts use 16 splits, which with Qwen3's 8 kv heads gives 128 programs, about
@@ -43,8 +45,14 @@ def decode_splits(context_len: int) -> int:
     split count sets the bandwidth. Measured on an H200, Qwen3-4B, one new token: 32k context,
     8 splits 26 %, 16 splits 64 %, 32 splits 63 % of the copy bandwidth; 8k context, 16 splits
     21.5 us, 32 splits 22.4 us; 1k context, 8 splits 12.7 us, 16 splits 12.1 us, 4 splits ~17 us.
+
+    Int8 pages: up to 32 splits. A program converts each int8 tile and scales it in registers, so
+    it streams fewer bytes per second than over bf16 pages and the grid needs more programs: 32k
+    context, 64-key tiles, 16 splits 52.5 us, 32 splits 44.4 us for one new token, 66.6 and 56.2 us
+    for 16 (bench/results/NVIDIA-H200/int8_1636032/paged_attention_int8.json).
     """
-    return max(1, min(DECODE_MAX_SPLITS, context_len // DECODE_MIN_KEYS_PER_SPLIT))
+    most = DECODE_MAX_SPLITS_INT8 if int8 else DECODE_MAX_SPLITS
+    return max(1, min(most, context_len // DECODE_MIN_KEYS_PER_SPLIT))
 
 
 def _check_inputs(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
@@ -90,11 +98,14 @@ def _kernel_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
     return upcast, precision
 
 
-# Key tile over int8 pages. The conversion and the scales take registers: compiled for sm_90a
-# (Triton 3.9, Qwen3-4B shape, 4 warps, 3 stages), the int8 decode kernel spills 8 bytes with
-# 64-key tiles and none with 32, the int8 prefill 296 bytes with 64 and 36 with 32. Not yet timed
-# on the GPU: bench/kernels/paged_attention.py --kv int8 --int8-tiles 32,64 does.
-INT8_BLOCK_N = 32
+# Key tiles over int8 pages. The conversion and the scales take registers: compiled for sm_90a
+# (Qwen3-4B shape, 4 warps, 3 stages), the int8 decode kernel spills 8 bytes with 64-key tiles and
+# none with 32, the int8 prefill 296 bytes with 64 and 36 with 32. Timed on an H200 at 32k
+# (bench/kernels/paged_attention.py --kv int8 --int8-tiles 32,64), the decode kernel is faster
+# with 64 keys all the same, at every split count (16 splits: 52.5 against 68.1 us); the prefill's
+# tile was not timed.
+INT8_BLOCK_N = 32  # the prefill's
+INT8_DECODE_BLOCK_N = 64
 
 
 def _prefill_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
@@ -113,9 +124,9 @@ def _decode_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
 
     H200, 32k context, 16 splits: 64 keys, 4 warps, 3 stages (50 us) beat 2 stages (72 us), 128-key
     tiles (57 us) and 8 warps; the rows (16 or 64) hardly matter, the kernel is bound by K/V reads.
-    Int8 pages: :data:`INT8_BLOCK_N` keys.
+    Int8 pages: :data:`INT8_DECODE_BLOCK_N` keys.
     """
-    return dict(BLOCK_N=INT8_BLOCK_N if kv_int8 else 64, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=INT8_DECODE_BLOCK_N if kv_int8 else 64, num_warps=4, num_stages=3)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
@@ -163,7 +174,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
 
     The ``L = start + T`` positions are cut into ``num_splits`` contiguous chunks (multiples of the
     key tile; trailing splits may be empty), each scanned by one program per kv head, then merged.
-    ``num_splits`` defaults to :func:`decode_splits` ``(L)``.
+    ``num_splits`` defaults to :func:`decode_splits` ``(L, int8)``.
 
     The kernel reads the start from ``positions[0]`` on the device (``positions``: the step's
     ``[T]`` int64 positions; made from ``start`` when not given), so that a CUDA graph captured
@@ -182,7 +193,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         positions = torch.tensor([start], dtype=torch.int64, device=q.device)
     assert positions.device == q.device and positions.dtype == torch.int64, "positions must be int64 on q's device"
     if num_splits is None:
-        num_splits = decode_splits(start + t)
+        num_splits = decode_splits(start + t, quant is not None)
     assert num_splits >= 1, f"num_splits must be >= 1, got {num_splits}"
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)

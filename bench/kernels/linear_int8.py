@@ -66,6 +66,9 @@ def sweep_configs(n: int, k: int, t: int, sms: int):
         for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 128, 64, 8, 4), (64, 128, 128, 4, 3),
                                  (128, 64, 128, 4, 3), (128, 256, 64, 8, 3), (64, 64, 128, 4, 4)]:
             yield Int8GemmConfig(bm, bn, bk, 8, w, s)
+        for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 128, 4, 3), (128, 128, 64, 4, 3),
+                                 (128, 64, 128, 4, 3), (128, 256, 64, 8, 3), (64, 256, 64, 4, 3)]:
+            yield Int8GemmConfig(bm, bn, bk, 8, w, s, swap_ab=True)
         return
     rule = gemv_int8_config(n, k, t, sms)
     yield Int8GemvConfig(**{**rule.__dict__, "bit_convert": False})

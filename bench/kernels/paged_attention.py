@@ -10,11 +10,11 @@ Times, with bench/timing.py (median of CUDA-graph replays, so that the figures a
 not Python's launch overhead), for each page format of --kv (bf16 pages; int8 pages with a float32
 scale per cached vector and keys smoothed, ``kv_store=paged_int8``):
 - the split-KV decode (kernel 1 + combine, as called) after 1,024 / 8,192 / 32,768 cached positions
-  for 1 and 16 new tokens and num_splits 4, 8, 16, 32 (and decode_splits' default); each figure is
+  for 1 and 16 new tokens and num_splits 4, 8, 16, 32, 64 (and decode_splits' default); each figure is
   also given as bytes of K and V read per second (as stored: 2 bytes per element for bf16, 1 byte
   plus a 4-byte scale per vector for int8) and as a fraction of the device copy bandwidth (bytes
   read + written of a large tensor copy, measured in the same run); int8 rows are timed with each
-  key tile of --int8-tiles (default: the kernel's own, ``INT8_BLOCK_N``), and a summary gives the
+  key tile of --int8-tiles (default: the kernel's own), and a summary gives the
   int8/bf16 speedup of each (context, T) at the default splits;
 - the prefill kernel on a 1,024-token prompt (and a 1,024-token chunk after 4,096 cached positions),
   in TFLOP/s (4 T L_avg H D, L_avg = start + (T + 1) / 2 with the causal halving) against
@@ -44,7 +44,7 @@ from timing import graph_seconds, host_seconds  # noqa: E402
 SHAPE = dict(heads=32, kv_heads=8, head_dim=128, page_size=64)  # Qwen3-4B
 CONTEXTS = (1024, 8192, 32768)
 DECODE_TOKENS = (1, 16)
-SPLITS = (4, 8, 16, 32)  # plus decode_splits(L) when it is none of these; 32: int8 tiles carry half the bytes
+SPLITS = (4, 8, 16, 32, 64)  # plus decode_splits(L) when it is none of these; 32, 64: int8 tiles carry half the bytes
 PREFILL = ((1024, 0), (1024, 4096))  # (T, start): a prompt, and a chunk after a cached prefix
 KV_FORMATS = ("bf16", "int8")
 
@@ -166,7 +166,7 @@ def decode_rows(args, kv: str, bench, bandwidth: float, scale: float) -> list[di
             q, k_pages, v_pages, bt, int8, k, v = make_cache(length, t, context + t, kv)
             moved = kv_bytes(length, kv)
             sdpa_s = bench(sdpa_fn(q, k, v, context, scale)) if kv == "bf16" else None
-            default = decode_splits(length)
+            default = decode_splits(length, kv == "int8")
             positions = torch.arange(context, length, device="cuda")
             for block_n in tiles(kv, args.int8_tiles):
                 saved = with_tile(block_n)

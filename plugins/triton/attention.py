@@ -103,7 +103,7 @@ class TritonAttention(Attention):
             out = paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,
                                           causal=step.causal, **int8, pdl=self.pdl)
         else:
-            splits = None if step.max_context is None else decode_splits(step.max_context)
+            splits = None if step.max_context is None else decode_splits(step.max_context, pages.k_scale is not None)
             out = paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,
                                          positions=step.positions, num_splits=splits, causal=step.causal,
                                          **int8, pdl=self.pdl)

@@ -150,6 +150,21 @@ def test_explicit_tiles_and_the_plain_conversion(T):
     assert_equal(y, run(x, q, scale, dtype, config=cast))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swapped_gemm_tiles(dtype):
+    """The GEMM computed transposed (``swap_ab``: q x^T) against the twin on odd shapes; its fused
+    SwiGLU and residual forms equal the chain of per-op kernels on the same tiles."""
+    T, (N, K) = 40, ODD
+    swapped = Int8GemmConfig(32, 64, 32, 2, 4, 2, swap_ab=True)
+    x, q, scale = random_int8(T, N, K, dtype, "swap")
+    assert_close(run(x, q, scale, dtype, config=swapped), ref_linear_int8(x, q, scale, dtype))
+    fused = run(x, q, scale, dtype, swiglu=True, config=swapped)
+    assert_equal(fused, per_op(x, q, scale, out_dtype=dtype, swiglu=True, config=swapped))
+    r = torch.randn(T, N, generator=generator("swap-r", dtype), device=DEVICE).to(dtype)
+    y = run(x, q, scale, dtype, config=swapped, residual=r)
+    assert_equal(y, per_op(x, q, scale, out_dtype=dtype, residual=r, config=swapped))
+
+
 @pytest.mark.parametrize("T", [1, 7, 40])
 def test_row_slice_activations(T):
     dtype = torch.float16
@@ -179,10 +194,12 @@ def test_int8_to_is_exact_for_every_code(dtype, bits):
 
 
 def test_rules():
-    """The GEMV tiles hold 4 KB of int8 (the BF16 tile's bytes); split-K only for few-row layers."""
-    assert gemv_int8_config(151936, 2560, 1) == Int8GemvConfig(4, 1024, 1, 2, 1)
+    """The tiles of gemv_int8_config's rule at Qwen3-4B's layers; split-K only for few-row layers."""
+    assert gemv_int8_config(151936, 2560, 1) == Int8GemvConfig(8, 512, 1, 2, 1)
     assert gemv_int8_config(2560, 9728, 1) == Int8GemvConfig(4, 2048, 1, 4, 1)
-    assert gemv_int8_config(6144, 2560, 4).block_k == 256
+    assert gemv_int8_config(6144, 2560, 1) == Int8GemvConfig(4, 512, 1, 2, 1)
+    assert gemv_int8_config(6144, 2560, 4).block_k == 128
+    assert gemv_int8_config(151936, 2560, 16).block_n == 64
     assert gemv_int8_config(1024, 3072, 16).split_k > 1
     assert gemv_int8_config(64, 40, 1).block_k == 64
     assert gemm_int8_config(1024, 19456, 2560).block_m == 128

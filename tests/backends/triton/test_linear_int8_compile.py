@@ -74,11 +74,12 @@ consts = dict(BLOCK_T=1, BLOCK_N=bcfg.block_n, BLOCK_K=bcfg.block_k, USE_DOT=Fal
               EVEN_K=True, PDL=True, NORM=False, NORM_K=0, NORM_HALF=1, RESIDUAL=False)
 out.append(describe("bf16_gemv", compile_ptx(B._gemv_kernel, consts, {"eps": "fp32"}, bcfg.num_warps, bcfg.num_stages)))
 for swiglu in (False, True):
-    cfg = M.gemm_int8_config(1024, 19456, 2560)
-    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWIGLU=swiglu,
-                  DOT_F32=False, EVEN_K=True, RESIDUAL=not swiglu, BITS=True)
-    ptx = compile_ptx(M._gemm_int8_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
-    out.append(describe("gemm", ptx, bits=True, pdl=False))
+    for swap in (False, True):
+        cfg = M.gemm_int8_config(1024, 19456, 2560)
+        consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                      SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, RESIDUAL=not swiglu, BITS=True, SWAP_AB=swap)
+        ptx = compile_ptx(M._gemm_int8_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
+        out.append(describe("gemm", ptx, bits=True, pdl=False, swap=swap))
 print(json.dumps(out))
 '''
 
@@ -91,7 +92,7 @@ def test_int8_kernels_compile_for_sm90(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     bf16 = next(r for r in results if r["name"] == "bf16_gemv")
-    assert len(results) == 27
+    assert len(results) == 29
     for r in results:
         assert r["spills"] == 0, r
         if r["name"] == "bf16_gemv":
@@ -99,7 +100,9 @@ def test_int8_kernels_compile_for_sm90(tmp_path):
         assert r["v4_loads"] + r["cp_async"] > 0, r  # 16-byte weight loads (the pipelined GEMM: cp.async)
         assert (r["i2f"] == []) == r["bits"] or r["name"] == "gemv" and r["T"] > 1 and not r["bits"], r
         if r["name"] == "gemv" and r["T"] == 1 and r["plain"]:
-            assert r["regs"] <= bf16["regs"], (r, bf16["regs"])
+            # the lm_head's 8-row tile holds 64 float32 partial sums a thread, twice the BF16 tile's;
+            # <= 128 registers keeps >= 8 programs of 2 warps resident per SM
+            assert r["regs"] <= max(bf16["regs"], 128), (r, bf16["regs"])
         if r["pdl"]:
             assert r["waits"] >= 1 and r["loads_before_wait"] > 0 and r["wait_before_store"], r
         else:

@@ -23,17 +23,22 @@ def test_gemv_config_rule(name, T):
     assert K % cfg.block_k == 0 or (T == 1 and cfg.block_k == 1024)
     assert cfg.split_k >= 1 and (cfg.split_k - 1) * per_split < k_blocks  # no empty split
     row_blocks = -(-N // cfg.block_n)
-    if 4 * row_blocks >= 3 * 132:
-        assert cfg.split_k == 1  # enough programs: no split (gate_up, lm_head; every layer at T=1)
-    else:
-        assert cfg.split_k > 1 and per_split >= 2  # few programs: split, >= 2 chunks per split
+    if T == 1:
+        if 4 * row_blocks >= 3 * 132:
+            assert cfg.split_k == 1  # enough programs: no split (every layer at T = 1)
+        else:
+            assert cfg.split_k > 1 and per_split >= 2  # few programs: split, >= 2 chunks per split
+    elif row_blocks >= 2 * 132:
+        assert cfg.split_k == 1 and cfg.block_k == 128  # qkv (4B), gate_up, lm_head
+    else:  # o_proj, down: longer K chunks, split until the grid has more than 1.5 programs per SM
+        assert cfg.block_k == 256 and 2 * row_blocks * cfg.split_k > 3 * 132 and per_split >= 2
     assert gemv_config(N, K, T) == cfg  # deterministic
 
 
 def test_gemv_config_splits_small_n_layers():
-    assert gemv_config(2560, 9728, 4).split_k > 1  # 4B down_proj: 80 row blocks of 32
+    assert gemv_config(2560, 9728, 4).split_k > 1  # 4B down_proj: 160 row blocks of 16
     assert gemv_config(1024, 2048, 16).split_k > 1  # 0.6B o_proj
-    assert gemv_config(6144, 2560, 4).split_k == 1  # 4B qkv: 192 row blocks
+    assert gemv_config(6144, 2560, 4).split_k == 1  # 4B qkv: 384 row blocks
     assert gemv_config(64, 16, 4).split_k == 1  # one K chunk: nothing to split
 
 

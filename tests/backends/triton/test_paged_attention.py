@@ -187,6 +187,7 @@ def test_bfloat16_runs_on_the_interpreter_too():
 def test_decode_splits_rule():
     lengths = (1, 127, 128, 255, 256, 1024, 2047, 2048, 32768)
     assert [decode_splits(n) for n in lengths] == [1, 1, 1, 1, 2, 8, 15, 16, 16]
+    assert [decode_splits(n, int8=True) for n in lengths] == [1, 1, 1, 1, 2, 8, 15, 16, 32]
 
 
 def test_rejects_bad_inputs():
