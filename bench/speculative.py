@@ -8,7 +8,9 @@ shipped target and it is there; else left out) generate greedily, each after a w
 generation of 8 tokens on that prompt (compilation and CUDA-graph capture are not timed; a verify
 step of a token count the warm-up did not meet is captured in the first timed run, so use
 --repeats 3 with cuda_graphs). Recorded: new tokens, steps, tokens per step, drafted and accepted
-tokens, acceptance rate, decode tok/s (median over the repeats) and prefill ms. Each proposer's
+tokens, acceptance rate, decode tok/s (median over the repeats), prefill ms and the decoding loop
+that ran (``decode_loop``: sequential or pipelined plain decoding, speculative-sequential, or
+speculative-device, the device-resident loop of a greedy run with ``pipelined`` on CUDA). Each proposer's
 token ids must equal the plain ones: a prompt where they differ is a failure in the JSON and the exit
 status is 1.
 
@@ -124,6 +126,7 @@ def run(engine, ids: list[int], new_tokens: int, repeats: int) -> dict:
             "decode_tok_s": statistics.median(r.stats.decode_tok_s for r in runs),
             "prefill_ms": statistics.median(r.stats.prefill_ms for r in runs),
             "decode_tok_s_runs": [r.stats.decode_tok_s for r in runs], "finish_reason": s.finish_reason,
+            "decode_loop": s.decode_loop,
             "token_ids": runs[0].token_ids, "text": runs[0].text}
 
 
@@ -153,6 +156,13 @@ def best_k(summary: dict, labels: list[str]) -> dict:
                                     "tok_s": m[f"{label}_tok_s"], "speedup": m[f"{label}_speedup"],
                                     "tokens_per_step": m[f"{label}_tokens_per_step"]}
     return best
+
+
+def decode_loops(rows: list[dict]) -> dict:
+    """Per row label, the loops its generations ran (``GenerationStats.decode_loop``: on CUDA with the
+    default config, ``speculative-device`` for a proposer that drafts on the device)."""
+    labels = ["none", *spec_proposers(rows)]
+    return {label: sorted({r[label]["decode_loop"] for r in rows}) for label in labels} if rows else {}
 
 
 def table(rows: list[dict]) -> str:
@@ -250,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         for k, v in vars(args).items()},
               "config": {p: dataclasses.asdict(e.config) for p, e in engines.items()},
               "summary": summarize(rows), "best": best_k(summarize(rows), spec_proposers(rows)),
+              "decode_loops": decode_loops(rows),
               "failures": failures, "prompts": rows}
     out = args.out or ROOT / "bench" / "results" / env["device_name"].replace(" ", "-") / \
         f"speculative_{args.model.resolve().name}.json"
@@ -259,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{' ' + ' '.join(args.override) if args.override else ''}, up to {args.new_tokens} new tokens, "
           f"{f'sampled at temperature {args.sampled} (p/q)' if args.sampled else 'greedy'}")
     print(table(rows))
+    print("loops: " + ", ".join(f"{label} {'/'.join(loops)}" for label, loops in result["decode_loops"].items()))
     for task, best in result["best"].items():
         print(f"best k, {task}: " + ", ".join(f"{p} {b['label']} {b['tok_s']:.1f} tok/s (x{b['speedup']:.2f}, "
                                                 f"{b['tokens_per_step']:.2f} tok/step)" for p, b in best.items()))

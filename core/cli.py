@@ -245,7 +245,7 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
     print(",".join(map(str, tokens)) if engine.tokenizer is None else "")
     sys.stdout.flush()
     print(f"[{stats.new_tokens} tokens, prefill {stats.prefill_ms:.1f} ms, decode {stats.decode_tok_s:.1f} tok/s, "
-          f"{stats.tokens_per_step:.2f} tokens/step, {stats.finish_reason}]", file=sys.stderr)
+          f"{stats.tokens_per_step:.2f} tokens/step, {stats.finish_reason}, {stats.decode_loop}]", file=sys.stderr)
     return 0
 
 

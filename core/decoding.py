@@ -2,18 +2,25 @@
 
 ``Decoder.run(ids, max_new, eos)`` yields the tokens of one generation as they are committed (a
 list per step) and stops exactly at the first EOS or at ``max_new`` tokens. Its ``counters`` hold
-the step and speculation counts and the time the first token reached the host. The engine builds
-one Decoder and streams from it.
+the step and speculation counts, the time the first token reached the host and which loop ran.
+The engine builds one Decoder and streams from it.
 
-Two modes, fixed when the engine is built:
+The loops (``DecodeCounters.loop``), the modes fixed when the engine is built, the loop of a
+generation chosen by its settings:
 
-- sequential: each step's tokens are read on the host before the next step is launched. With a
-  proposer, a step verifies ``1 + k`` tokens (drafted by the proposer from the sequence so far),
-  commits the accepted drafts plus one target token, and rolls the KV store back over the rest.
-- pipelined (config key ``pipelined``, CUDA, no proposer): the host one step behind the device.
+- ``sequential``: each step's tokens are read on the host before the next step is launched.
+- ``speculative-sequential``: the same with a proposer: a step verifies ``1 + k`` tokens (drafted
+  by the proposer from the sequence so far), commits the accepted drafts plus one target token, and
+  rolls the KV store back over the rest.
+- ``pipelined`` (config key ``pipelined``, CUDA, no proposer): the host one step behind the device.
   Each token is sampled on the device and fed to the next step from there, and step ``t + 1`` is
   enqueued before step ``t``'s token is read, so the device never waits for the host. An EOS costs
   one extra step of device time, whose token is discarded (never emitted, never fed to a step).
+- ``speculative-device`` (``pipelined`` with a proposer that drafts on the device, for a greedy
+  generation without history-using penalties or logprobs; the others fall back to
+  ``speculative-sequential``): draft, verify and accept on the device
+  (``tileinfer.device_speculation``), the host reading each step's committed tokens one step
+  behind, as pipelined decoding reads tokens; the step that ran ahead of a stop is discarded.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tileinfer.device_speculation import HostRecords, SpeculativeLoop
 from tileinfer.errors import NumericsError, PluginError
 from tileinfer.interfaces import Draft, KVStore, Proposer, Sample, Sampler
 from tileinfer.model import Qwen3Model
@@ -36,13 +44,14 @@ from tileinfer.steps import StepRunner
 @dataclass
 class DecodeCounters:
     """One generation's counts: steps after the prefill whose tokens were committed (a pipelined
-    step discarded after an EOS is not counted), tokens drafted and accepted, and the host time
-    (``time.perf_counter``) the first token was out."""
+    step discarded after a stop is not counted), tokens drafted and accepted, the host time
+    (``time.perf_counter``) the first token was out, and the loop that ran (the module's names)."""
 
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
     first_token_time: float = 0.0
+    loop: str = ""
 
 
 def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
@@ -112,23 +121,25 @@ class Decoder:
     """One generation at a time over the engine's model, KV store, sampler and step runner.
 
     ``proposer`` (with ``spec_k`` tokens drafted per step, or with ``spec_adaptive`` between 1 and
-    ``spec_k`` from the last step's acceptance: ``speculative.DraftLength``) makes the sequential
-    steps verify drafts; ``pipelined`` selects the pipelined mode (a CUDA device and no proposer: the engine
-    decides). ``who`` names the sampler's plugin in errors. The prompt is prefilled in steps of at
-    most ``prefill_chunk`` tokens (None: one step), the proposer fed each chunk; ``progress`` shows
-    a long prefill's progress on a terminal.
+    ``spec_k`` from the last step's acceptance: ``speculative.DraftLength``) makes the steps verify
+    drafts: sequentially, or in ``loop`` (``device_speculation.SpeculativeLoop``, for the
+    generations it applies to). ``pipelined`` selects the pipelined mode of plain decoding (a CUDA
+    device: the engine decides). ``who`` names the sampler's plugin in errors. The prompt is
+    prefilled in steps of at most ``prefill_chunk`` tokens (None: one step), the proposer fed each
+    chunk; ``progress`` shows a long prefill's progress on a terminal.
     """
 
     def __init__(self, model: Qwen3Model, kv: KVStore, sampler: Sampler, steps: StepRunner, *,
                  proposer: Proposer | None = None, spec_k: int = 0, spec_adaptive: bool = False,
-                 pipelined: bool = False, who: str = "sampler", prefill_chunk: int | None = None,
-                 progress: bool = False) -> None:
-        assert not (pipelined and proposer), "speculative decoding is sequential"
-        self.model, self.kv, self.sampler, self.steps = model, kv, sampler, steps
+                 pipelined: bool = False, loop: SpeculativeLoop | None = None, who: str = "sampler",
+                 prefill_chunk: int | None = None, progress: bool = False) -> None:
+        assert loop is None or loop.proposer is proposer, "the loop drafts with the decoder's proposer"
+        self.model, self.kv, self.sampler, self.steps, self.loop = model, kv, sampler, steps, loop
         self.proposer, self.spec_k, self.pipelined, self.who = proposer, spec_k, pipelined, who
         self.prefill_chunk, self.progress = prefill_chunk, progress
         self.draft_length = DraftLength(spec_k, spec_adaptive)
         self.host = HostTokens(model.device) if pipelined else None
+        self.records = HostRecords(model.device, loop.k_max + 3) if loop else None
         self.counters = DecodeCounters()
         self.sampling = SamplingStep(sampler, [], 0)
         self.logprobs: list[TokenLogprob] = []  # of the tokens yielded last, when asked for
@@ -146,8 +157,14 @@ class Decoder:
         self.kv.reset()
         self.sampling = SamplingStep(self.sampler, ids, len(ids) + max_new + self.spec_k + 2, logprobs)
         self.logprobs = []
-        run = self._pipelined if self.pipelined and logprobs is None else self._sequential
-        return run(list(ids), max_new, frozenset(eos))
+        loop = "speculative-sequential" if self.proposer else "sequential"
+        if logprobs is None and self.proposer is None and self.pipelined:
+            loop = "pipelined"
+        elif logprobs is None and self.loop is not None and self.loop.applies(self.sampler, len(ids), max_new):
+            loop = "speculative-device"
+        self.counters.loop = loop
+        runs = {"pipelined": self._pipelined, "speculative-device": self._device_speculative}
+        return runs.get(loop, self._sequential)(list(ids), max_new, frozenset(eos))
 
     # -- sequential ------------------------------------------------------------------------------
 
@@ -238,6 +255,45 @@ class Decoder:
         logits, _ = self.steps.forward(token, cached)
         self.sampling.commit(token)
         return finite_or(self.sampling.sample(logits).tokens, logits)
+
+    # -- speculative, on the device --------------------------------------------------------------
+
+    def _device_speculative(self, ids: list[int], max_new: int, eos: frozenset[int]) -> Iterator[list[int]]:
+        """Record ``r`` (``r >= 1``) is step ``r``'s: its committed tokens and draft count; record
+        0 the prefill's token. The host enqueues step ``r + 1`` (drafting the current
+        ``draft_length.k``, set from the records read so far) and only then waits for record ``r``,
+        unless the tokens known and the steps in flight (one token each at least) already reach
+        ``max_new``.
+
+        Same tokens and counts as speculative-sequential decoding with the same drafts (a step
+        drafts at most ``remaining - 1`` tokens here too); with ``spec_adaptive`` the draft length
+        follows the acceptance one step later. At a stop the step enqueued after it is discarded,
+        and the KV store is cut to the prompt and the emitted tokens that were fed to a step."""
+        loop, host, counters = self.loop, self.records, self.counters
+        host.reset()
+        first = prefill(self.model, self.kv, self.sampling, ids, self.proposer.hidden_layers, self.who,
+                        chunk=self.prefill_chunk, on_chunk=self.proposer.prompt_chunk, progress=self.progress)
+        host.send(0, loop.begin(ids, first, max_new))
+        emitted, committed, done = 0, 0, False  # new tokens yielded; committed by the records read
+        while not done:
+            if committed + host.sent - host.received < max_new:
+                host.send(host.sent, loop.step(self.draft_length.k))
+            new, drafted = host.receive(host.received)
+            _finite(min(new), len(ids) + committed)
+            committed += len(new)
+            if host.received == 1:
+                counters.first_token_time = time.perf_counter()
+            else:
+                counters.steps += 1
+                counters.drafted += drafted
+                counters.accepted += len(new) - 1
+                self.draft_length.update(drafted, len(new) - 1)
+            keep, done = _until_stop(new, eos, max_new - emitted)
+            emitted += len(keep)
+            if done:  # valid keys and values: the committed tokens, the last one once a step fed it
+                fed = committed - (0 if host.sent > host.received else 1)
+                self.kv.truncate(len(ids) + min(emitted, fed))
+            yield keep
 
 
 def _finite(token: int, position: int) -> int:

@@ -24,6 +24,7 @@ import torch
 
 from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource, load_config, resolve_config
 from tileinfer.decoding import Decoder
+from tileinfer.device_speculation import MAX_DRAFT, SpeculativeLoop, drafts_on_device
 from tileinfer.errors import ConfigError, UsageError
 from tileinfer.interfaces import KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams
 from tileinfer.loading import CheckpointReader, resolve_quantize
@@ -36,7 +37,7 @@ from tileinfer.registry import Registry, build_registry
 from tileinfer.sampling_step import TokenLogprob, check_logprobs
 from tileinfer.threads import cpu_threads
 from tileinfer.resolution import implementation_options, resolve_dtype
-from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps
+from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps, cuda_graph_capture
 from tileinfer.tokenizer import StreamDecoder, Tokenizer
 
 
@@ -54,6 +55,7 @@ class GenerationStats:
     weight_bytes: int  # bytes of the loaded weights (INT8 linears: int8 rows and float32 scales)
     kv_bytes: int  # bytes of the KV pool
     kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
+    decode_loop: str = ""  # sequential, pipelined, speculative-sequential or speculative-device (tileinfer.decoding)
 
 
 @dataclass
@@ -176,8 +178,11 @@ class Engine:
 
     def _build_decoder(self) -> Decoder:
         """Eager or graphed steps (``cuda_graphs``), sequential or pipelined (``pipelined``): both
-        need a CUDA device, and pipelining applies to plain decoding only (the host needs each
-        verify result before it drafts). Each setting that cannot apply says so in one line."""
+        need a CUDA device. With a proposer, ``pipelined`` is the device-resident speculative loop
+        (``tileinfer.device_speculation``; its steps captured per draft length with
+        ``cuda_graphs``) when the proposer drafts on the device; the decoder takes it for greedy
+        generations without history-using penalties, the others decode sequentially. Each setting
+        that cannot apply says so in one line."""
         config, cuda = self.config, self.device.type == "cuda"
         gpu_only = [key for key in ("cuda_graphs", "pipelined") if getattr(config, key)]
         if gpu_only and not cuda:
@@ -185,12 +190,21 @@ class Engine:
             notice(f"{' and '.join(gpu_only)} {verb} no effect on device {self.device.type} (CUDA graphs and "
                    "host/GPU overlap need a GPU)")
         pipelined = config.pipelined and cuda
+        graphs = config.cuda_graphs and cuda
+        loop = None
         if pipelined and self.proposer:
-            notice(f"pipelined does not apply with proposer={config.proposer} (the host needs each verify result "
-                   "before it drafts); decoding sequentially")
-            pipelined = False
+            if not drafts_on_device(self.proposer):
+                notice(f"pipelined does not apply with proposer={config.proposer} (it drafts on the host only, "
+                       "which needs each verify result before it drafts); decoding sequentially")
+            elif config.spec_k > MAX_DRAFT:
+                notice(f"pipelined does not apply with spec_k={config.spec_k} (the device-resident loop verifies at "
+                       f"most {MAX_DRAFT + 1} tokens a step); decoding sequentially")
+            else:
+                k_values = range(1, config.spec_k + 1) if config.spec_adaptive else [config.spec_k]
+                loop = SpeculativeLoop(self.model, self.kv, self.proposer, k_values,
+                                       capture=cuda_graph_capture if graphs else None)
         capture = self.proposer.hidden_layers if self.proposer else ()
-        if config.cuda_graphs and cuda:
+        if graphs:
             steps = GraphedSteps(self.model, self.kv, capture)
             with torch.inference_mode():
                 steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1) if self.proposer else [1])
@@ -198,7 +212,7 @@ class Engine:
             steps = EagerSteps(self.model, self.kv, capture)
         entry = self.registry.entry("sampler", config.sampler)
         return Decoder(self.model, self.kv, self.sampler, steps, proposer=self.proposer, spec_k=config.spec_k,
-                       spec_adaptive=config.spec_adaptive, pipelined=pipelined,
+                       spec_adaptive=config.spec_adaptive, pipelined=pipelined, loop=loop,
                        who=f"sampler={config.sampler} ({entry.origin})",
                        prefill_chunk=config.prefill_chunk, progress=self.progress)
 
@@ -277,6 +291,7 @@ class Engine:
                 weight_bytes=self.weight_bytes,
                 kv_bytes=self.kv_bytes,
                 kv_capacity=self.capacity,
+                decode_loop=counters.loop,
             )
             yield Chunk([], text.flush() if text else None, stats)
         finally:

@@ -18,6 +18,14 @@ always holds a prefix of the committed sequence.
 On a GPU with ``cuda_graphs`` its steps of up to 16 tokens (the catch-up and each drafted token)
 are replayed from CUDA graphs captured when it is built, as the target's are
 (``tileinfer.steps.GraphedSteps``); otherwise, and for its prefill chunks, they run eagerly.
+
+In the device loop (``tileinfer.device_speculation``, greedy generations) it drafts inside the
+loop's step with no host state: a catch-up step of 2 tokens, the sequence's last two (positions
+``L - 2`` and ``L - 1``: after any step its cache holds the committed sequence up to at least
+``L - 3``, and rewriting ``L - 2`` with its own token is harmless), then ``k - 1`` steps of one
+token, each argmax fed to the next on the device; its model called directly with the positions
+on the device (``Step.max_context``), inside the loop's graph. Its KV store is reserved for the
+whole generation when the loop starts; the drafts the target rejects lie past the next catch-up.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import torch
 from tileinfer import hookimpl
 from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import Implementation
-from tileinfer.interfaces import Draft, KVGeometry, Proposer, ProposerContext, RunSpec, Step
+from tileinfer.interfaces import DeviceSequence, Draft, KVGeometry, Proposer, ProposerContext, RunSpec, Step
 from tileinfer.options import Option
 from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
 from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps
@@ -207,6 +215,29 @@ class DraftModelProposer(Proposer):
             self.kv.truncate(n)
             self._next = None
         self._committed = n
+
+    # -- device drafting ------------------------------------------------------------------------
+
+    def device_drafting(self, positions: int) -> bool:
+        return positions <= self.capacity
+
+    def start_on_device(self, seq: DeviceSequence, positions: int) -> None:
+        """The prompt is cached (``prompt_chunk``; nothing else is needed); the host-side record of
+        the cache is dropped, as the loop's steps do not keep it."""
+        self._cached, self._committed, self._next = [], 0, None
+        self.kv.reserve(positions)
+
+    def draft_on_device(self, seq: DeviceSequence, k: int) -> torch.Tensor:
+        device, capacity = self.model.device, self.kv.capacity
+        positions = seq.length - 2 + torch.arange(2, dtype=torch.int64, device=device)
+        ids = seq.tokens.index_select(0, positions).clamp(min=0)
+        logits, _ = self.model.forward(ids, Step(0, 2, positions, max_context=capacity), self.kv, last_only=True)
+        picks = [logits[-1].argmax(-1, keepdim=True)]
+        for i in range(1, k):  # draft i + 1 after draft i, fed at position L - 1 + i
+            step = Step(0, 1, seq.length - 1 + i, max_context=capacity)
+            logits, _ = self.model.forward(picks[-1], step, self.kv)
+            picks.append(logits[-1].argmax(-1, keepdim=True))
+        return torch.cat(picks)
 
     # -- steps ----------------------------------------------------------------------------------
 

@@ -8,12 +8,13 @@ from tileinfer.interfaces.attention import Attention, AttentionSpec, RopeTable, 
 from tileinfer.interfaces.kv_store import KVGeometry, KVStore, LayerKV
 from tileinfer.interfaces.linear import EPILOGUES, Linear, RMSNorm
 from tileinfer.interfaces.pluggable import Pluggable, RunSpec
-from tileinfer.interfaces.proposer import Draft, Proposer, ProposerContext
+from tileinfer.interfaces.proposer import DeviceSequence, Draft, Proposer, ProposerContext
 from tileinfer.interfaces.sampler import Sample, Sampler, SamplingParams, TokenHistory
 
 __all__ = [
     "Attention",
     "AttentionSpec",
+    "DeviceSequence",
     "Draft",
     "EPILOGUES",
     "KVGeometry",

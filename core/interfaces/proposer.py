@@ -28,6 +28,33 @@ class Draft:
 
 
 @dataclass
+class DeviceSequence:
+    """One generation's sequence on the device, for the device-resident speculative loop
+    (``tileinfer.device_speculation``), which owns it and updates it in place; proposers read it.
+
+    ``tokens`` ``[capacity]`` int64: ``tokens[:length]`` is the prompt and the committed tokens; the
+    last of them has not been run by the target yet (the next verify step's first input). Rows from
+    ``length`` on are garbage (a step writes all its candidates and advances by the committed
+    count). ``length`` and ``limit`` (prompt + max_new) are ``[1]`` int64 on the device; a committed
+    token may be -1 (logits not finite: the host stops there), so clamp ids before embedding them.
+    """
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+    limit: torch.Tensor
+    prompt_len: int = 0
+
+    @classmethod
+    def empty(cls, capacity: int, device: torch.device) -> "DeviceSequence":
+        zeros = dict(dtype=torch.int64, device=device)
+        return cls(torch.zeros(capacity, **zeros), torch.zeros(1, **zeros), torch.zeros(1, **zeros))
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.numel()
+
+
+@dataclass
 class ProposerContext:
     """What a proposer may use: the target model (its embedding, lm_head, config), the target's
     sampler, the run's resolved config, the registry (to build a model and KV store of its own) and
@@ -46,6 +73,14 @@ class Proposer(Pluggable, ABC):
     A generation calls, in order: ``prompt_chunk`` once per prefill chunk of the prompt (the
     engine prefills in steps of at most ``prefill_chunk`` tokens), ``start`` once the first token
     is sampled, then ``propose`` and ``accept`` once per verify step.
+
+    Device drafting (optional; the default is unsupported): a proposer whose ``device_drafting``
+    is true serves the device-resident loop (``tileinfer.device_speculation``), which replays
+    draft, verify and accept from one CUDA graph per draft length. Such a generation calls
+    ``prompt_chunk`` per chunk, ``start_on_device`` once, then ``draft_on_device`` and
+    ``accept_on_device`` once per step, captured: they must be device work only (no host sync, no
+    shape that depends on a value, state in device tensors updated in place), since Python code in
+    them runs once, at the capture. ``propose``, ``accept`` and ``start`` are not called then.
 
     Set ``hidden_layers`` to the target decoder layers whose outputs (``[T, hidden]`` per layer,
     before the final norm) the proposer wants: the engine then hands them to ``prompt_chunk`` (the
@@ -76,3 +111,34 @@ class Proposer(Pluggable, ABC):
     def accept(self, tokens: list[int], num_accepted: int, hidden: dict[int, torch.Tensor]) -> None:
         """After a verify step: ``tokens`` is the sequence now, ``num_accepted`` how many of the last
         draft were kept, ``hidden`` the target's hidden states of the step's kept positions."""
+
+    # -- device drafting (optional) ------------------------------------------------------------
+
+    def device_drafting(self, positions: int) -> bool:
+        """Whether ``draft_on_device``/``accept_on_device`` can serve a generation whose sequence
+        (prompt, new tokens and the loop's run-ahead) reaches ``positions`` tokens; asked before
+        each generation's prefill. Default: False (such generations decode sequentially)."""
+        return False
+
+    def start_on_device(self, seq: DeviceSequence, positions: int) -> None:
+        """A device-loop generation's prompt is prefilled (every chunk went to ``prompt_chunk``):
+        ``seq`` holds the prompt and the first token (its value on the device only). Host code, not
+        captured: reset device state and reserve room (a KV store of its own) for ``positions``
+        positions; nothing may allocate or reserve inside the captured step. Also called on a
+        dummy sequence (zeros, length 2) before the loop's graphs are captured."""
+        raise NotImplementedError(f"{type(self).__name__} does not draft on the device")
+
+    def draft_on_device(self, seq: DeviceSequence, k: int) -> torch.Tensor:
+        """``[k]`` int64 drafts to follow ``seq.tokens[:seq.length]``, on the device; -1 where there
+        is none (nothing from the first -1 on is verified). Captured once per ``k``: device work
+        only, fixed shapes; a model forward inside it takes a ``Step`` with device positions and
+        ``max_context`` (as ``tileinfer.steps.GraphedSteps._step``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not draft on the device")
+
+    def accept_on_device(self, seq: DeviceSequence, committed: torch.Tensor,
+                         hidden: dict[int, torch.Tensor]) -> None:
+        """After a verify step (captured, as ``draft_on_device``): ``committed`` (``[1]`` int64) is 1
+        plus the accepted drafts, ``seq.length`` already advanced by it. The step ran ``k + 1``
+        positions from ``L0 - 1`` (``L0 = length - committed``); ``hidden`` holds the target's
+        outputs of ``hidden_layers`` there (``[k + 1, hidden]`` per layer, static: copy what is
+        kept), of which the first ``committed`` rows are kept. Default: nothing."""

@@ -48,6 +48,10 @@ def test_both_proposers_run_on_every_prompt(record):
     assert result["config"]["ngram"]["spec_k"] == 7 and "draft" not in result["config"]
     assert all(c["linear"] == "reference" and c["dtype"] == "float32" for c in result["config"].values())
     assert result["device"] == "cpu" and result["torch"] and result["date"]
+    # On a CPU the engine decodes sequentially (the device loop needs pipelined, on CUDA).
+    assert result["decode_loops"] == {"none": ["sequential"], "ngram": ["speculative-sequential"],
+                                      "dflash": ["speculative-sequential"]}
+    assert all(row["ngram"]["decode_loop"] == "speculative-sequential" for row in result["prompts"])
 
 
 def test_ngram_keeps_the_greedy_tokens_and_figures_are_sane(record):

@@ -188,17 +188,19 @@ def test_pipelined_key_is_accepted_on_a_cpu_with_a_notice(folder, caplog):
         PROMPT, max_new_tokens=NEW).token_ids
 
 
-def test_with_a_proposer_decoding_is_sequential_with_a_notice(folder, caplog):
+def test_with_a_proposer_pipelined_is_the_device_loop_on_cuda(folder, caplog):
+    """(tests/core/test_device_loop_selection.py checks the loop itself.)"""
     caplog.clear()
     engine = build(folder, pipelined=True, proposer="ngram", spec_k=3)
     found = notices(caplog)
-    assert len(found) == 1 and found[0].startswith("pipelined")
     if DEVICE == "cuda":
-        assert "proposer=ngram" in found[0] and "decoding sequentially" in found[0]
-    assert not engine.decoder.pipelined
+        assert not found and engine.decoder.loop is not None
+    else:
+        assert len(found) == 1 and found[0].startswith("pipelined has no effect") and engine.decoder.loop is None
     plain = build(folder).generate(PROMPT * 2, max_new_tokens=NEW)
     result = engine.generate(PROMPT * 2, max_new_tokens=NEW)
     assert result.token_ids == plain.token_ids and result.stats.drafted_tokens > 0
+    assert result.stats.decode_loop == ("speculative-device" if DEVICE == "cuda" else "speculative-sequential")
 
 
 def test_config_has_the_key(capsys):

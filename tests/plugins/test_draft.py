@@ -228,7 +228,8 @@ def test_cli_errors_are_one_line(case, checkpoint_factory, capsys):
 @pytest.mark.gpu
 def test_the_drafts_steps_replayed_from_cuda_graphs_give_the_eager_drafts(checkpoint_factory):
     """On a GPU with cuda_graphs the draft's steps replay graphs (GraphedSteps) and draft exactly what
-    its eager steps draft: the same tokens, steps and accepted drafts (bfloat16, default kernels)."""
+    its eager steps draft: the same tokens, steps and accepted drafts (bfloat16, default kernels; the
+    sequential loop: the device loop calls the draft's model inside its own graph)."""
     from tileinfer.steps import EagerSteps, GraphedSteps
 
     target = checkpoint_factory(max_positions=512)
@@ -237,7 +238,7 @@ def test_the_drafts_steps_replayed_from_cuda_graphs_give_the_eager_drafts(checkp
     for graphs in (True, False):
         e = tileinfer.Engine.from_config(model=str(target), device="cuda", kv_page_size=16, progress=False,
                                          proposer="draft", spec_k=5, cuda_graphs=graphs, temperature=0.0,
-                                         options={"draft": {"model": str(draft)}})
+                                         pipelined=False, options={"draft": {"model": str(draft)}})
         assert isinstance(e.proposer.steps, GraphedSteps if graphs else EagerSteps)
         runs[graphs] = e.generate(repetitive_prompt(), max_new_tokens=48, ignore_eos=True)
     assert runs[True].token_ids == runs[False].token_ids
