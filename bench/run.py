@@ -46,7 +46,7 @@ from shapes import SHAPES, cpu_refusal, write_random_checkpoint  # noqa: E402
 from tileinfer.errors import ConfigError  # noqa: E402
 from tileinfer.model_config import ModelConfig  # noqa: E402
 from variants import VARIANTS, engine_args, resolve  # noqa: E402
-from workloads import NAMES, EngineRunner, Workload, free_memory, groups, measure, workloads  # noqa: E402
+from workloads import ALL_NAMES, NAMES, EngineRunner, Workload, free_memory, groups, measure, workloads  # noqa: E402
 
 HERE = Path(__file__).parent
 GPU_SHAPES = ["Qwen3-0.6B", "Qwen3-4B"]
@@ -64,7 +64,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variant", action="append", default=[], metavar="NAME",
                    help=f"a variant ({', '.join(VARIANTS)}) or a peer ({', '.join(peers_mod.PEERS)}); repeatable; "
                         "default: every variant, and every peer with --peers")
-    p.add_argument("--workload", action="append", default=[], choices=NAMES, help="repeatable; default: all four")
+    p.add_argument("--workload", action="append", default=[], choices=ALL_NAMES,
+                   help="repeatable; default: the four of the matrix (prefill8192 and prefill32768, time to "
+                        "first token of long prompts, only when named)")
     p.add_argument("--seconds", type=float, default=1.0,
                    help="time budget per row: repeat the measurement until S seconds are spent, take the median "
                         "(0: one sample after the warm-up; default %(default)s)")

@@ -2,6 +2,11 @@
 
 - ``prefill1024``: one synchronized prefill of a 1,024-token random prompt (prompt in, first
   token out): ``engine.generate(prompt, max_new_tokens=1).stats.prefill_ms``, in ms;
+- ``prefill8192``, ``prefill32768``: the same (time to first token) for 8,192- and 32,768-token
+  prompts, in chunks of ``prefill_chunk``; not in the default matrix (``NAMES``, what a run takes
+  unless told otherwise; ``ALL_NAMES`` holds every name). Like every prefill row, also given as
+  TFLOP/s and a fraction of the measured matmul peak (bench/roofline.py: ``2 x`` the layers'
+  parameters ``x`` tokens, the lm_head for the last token, causal attention);
 - ``decode128_ctxN``: 128 greedy tokens after an ``N``-token random prompt (``N`` cached
   positions): ``engine.generate(...).stats.decode_tok_s``, tokens after the first over the time
   from the first to the last, in tok/s.
@@ -48,13 +53,15 @@ class Workload:
 
 
 WARMUP_TOKENS = 8
-NAMES = ("prefill1024", "decode128_ctx1024", "decode128_ctx8192", "decode128_ctx32768")
+NAMES = ("prefill1024", "decode128_ctx1024", "decode128_ctx8192", "decode128_ctx32768")  # the default matrix
+TTFT_NAMES = ("prefill8192", "prefill32768")  # long prompts' time to first token, when asked for
+ALL_NAMES = NAMES + TTFT_NAMES
 
 
 def workloads(short: bool = False) -> dict[str, Workload]:
     """Every workload by name, at full size or (``short``) at the CPU smoke sizes."""
     full = {"prefill1024": (1024, 1), "decode128_ctx1024": (1024, 128), "decode128_ctx8192": (8192, 128),
-            "decode128_ctx32768": (32768, 128)}
+            "decode128_ctx32768": (32768, 128), "prefill8192": (8192, 1), "prefill32768": (32768, 1)}
     return {name: Workload(name, p // 32 if short else p, min(n, 8) if short else n) for name, (p, n) in full.items()}
 
 

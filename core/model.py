@@ -113,12 +113,27 @@ class Qwen3Model:
         return cls(config, embed, layers, lm_head, rope)
 
     def forward(self, token_ids: torch.Tensor, step: Step, kv: KVStore, *, last_only: bool = False,
-                capture: Collection[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                capture: Collection[int] = (), rows: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Run ``step`` (``token_ids`` ``[T]`` int64 on the device), writing its keys and values.
 
-        Returns float32 logits ``[T, V]`` (``[1, V]`` of the last token with ``last_only``) and the
-        outputs ``[T, hidden]`` of the decoder layers listed in ``capture`` (before the final norm).
+        Returns float32 logits ``[T, V]`` (``[1, V]`` of the last token with ``last_only``; ``[R,
+        V]`` of the rows listed in ``rows``, ``[R]`` int64 indices on the device, read there: a
+        padded prefill step replayed from a CUDA graph takes its last real row so) and the outputs
+        ``[T, hidden]`` of the decoder layers listed in ``capture`` (before the final norm).
         """
+        h, hidden = self.hidden_states(token_ids, step, kv, capture)
+        if rows is not None:
+            h = h.index_select(0, rows)
+        elif last_only:
+            h = h[-1:]
+        return self.lm_head(h), hidden
+
+    def hidden_states(self, token_ids: torch.Tensor, step: Step, kv: KVStore,
+                      capture: Collection[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``forward`` without the lm_head: the residual stream after the last decoder layer
+        (``[T, hidden]``, before the final norm) and the outputs of the layers in ``capture``; an
+        eager prefill chunk before the last (whose logits nobody reads) runs only this."""
         h = F.embedding(token_ids, self.embed)
         hidden: dict[int, torch.Tensor] = {}
         for n, layer in enumerate(self.layers):
@@ -126,6 +141,4 @@ class Qwen3Model:
             h = layer.down(layer.gate_up(h), residual=h)
             if n in capture:
                 hidden[n] = h
-        if last_only:
-            h = h[-1:]
-        return self.lm_head(h), hidden
+        return h, hidden

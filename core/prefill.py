@@ -4,8 +4,15 @@ Chunk ``i`` is one ``Step`` at ``start = i * chunk`` over the pages the chunks b
 attentions take any ``start`` with any number of tokens), so a step's activations are bounded by
 the chunk, whatever the prompt's length; the keys and values, and hence every later token, are
 those of a prefill in one step (the same positions, the same causal attention). Only the last
-chunk's last logits are kept. A proposer that reads the prompt (its target hidden states, or a
-draft model prefilling its own cache) gets each chunk as it is done (``on_chunk``).
+chunk's last logits are computed (the other chunks run no lm_head). A proposer that reads the
+prompt (its target hidden states, or a draft model prefilling its own cache) gets each chunk as it
+is done (``on_chunk``).
+
+With CUDA graphs (the KV store's step runner is ``GraphedSteps``: ``prefill_graphs.prefill_graphs_of``)
+each chunk is replayed from the graph of its length bucket, padded past the prompt
+(tileinfer.prefill_graphs: the padding's keys and values are dropped at the end, and a graphed
+chunk computes its last real row's logits whether or not it is the last chunk); a chunk no graph
+serves runs eagerly.
 
 On a terminal (``progress`` and stderr a TTY), a prompt of more than one chunk shows a line
 ``prefill 8192/32768 tokens`` on stderr, updated as the device finishes each chunk (on a GPU the
@@ -23,6 +30,7 @@ import torch
 
 from tileinfer.interfaces import KVStore, Step
 from tileinfer.model import Qwen3Model
+from tileinfer.prefill_graphs import PrefillGraphs, prefill_graphs_of
 
 ChunkCallback = Callable[[list[int], int, dict[int, torch.Tensor]], None]
 
@@ -55,17 +63,21 @@ class ProgressLine:
 @torch.inference_mode()
 def chunked_prefill(model: Qwen3Model, kv: KVStore, ids: Sequence[int], *, chunk: int,
                     capture: Collection[int] = (), on_chunk: ChunkCallback | None = None,
-                    progress: bool = False) -> torch.Tensor:
+                    progress: bool = False, graphs: PrefillGraphs | None | str = "auto") -> torch.Tensor:
     """Run the prompt ``ids`` from position 0 (the KV store empty) in steps of at most ``chunk``
     tokens; returns the float32 logits ``[1, V]`` after its last token, on the device (not read).
 
     ``capture``: the decoder layers whose outputs ``on_chunk(tokens, start, hidden)`` receives
     after each chunk (``tokens`` the chunk's ids, at positions ``start ..``; ``hidden`` ``[len(tokens),
     hidden_size]`` per layer). ``progress``: show the progress line when stderr is a terminal and the
-    prompt takes more than one chunk.
+    prompt takes more than one chunk. ``graphs``: the prefill graphs to replay the chunks from
+    (``"auto"``: those of the KV store's step runner, if it has any; None: every chunk eagerly).
+    The KV store ends holding exactly the prompt (``kv.length == len(ids)``).
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
+    if graphs == "auto":
+        graphs = prefill_graphs_of(kv)
     ids = list(ids)
     total = len(ids)
     kv.reserve(total)
@@ -77,8 +89,7 @@ def chunked_prefill(model: Qwen3Model, kv: KVStore, ids: Sequence[int], *, chunk
     try:
         for start in range(0, total, chunk):
             end = min(start + chunk, total)
-            step = Step.at(start, end - start, model.device)
-            logits, hidden = model.forward(tokens[start:end], step, kv, last_only=True, capture=capture)
+            logits, hidden = _chunk(model, kv, tokens[start:end], start, chunk, capture, end == total, graphs)
             if on_chunk is not None:
                 on_chunk(ids[start:end], start, hidden)
             del hidden
@@ -96,7 +107,22 @@ def chunked_prefill(model: Qwen3Model, kv: KVStore, ids: Sequence[int], *, chunk
     finally:
         if line is not None:
             line.close()
+    kv.truncate(total)  # a padded chunk's positions past the prompt
     return logits
+
+
+def _chunk(model: Qwen3Model, kv: KVStore, tokens: torch.Tensor, start: int, chunk: int, capture: Collection[int],
+           last: bool, graphs: PrefillGraphs | None) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
+    """One chunk: replayed from its bucket's graph when one serves it, else eagerly (the lm_head
+    only for the ``last`` chunk). Returns its last logits (None for an eager chunk before the last)
+    and the captured layers' hidden states of its tokens."""
+    served = graphs.run(tokens, start, chunk, capture) if graphs is not None else None
+    if served is not None:
+        return served
+    step = Step.at(start, tokens.numel(), model.device)
+    if last:
+        return model.forward(tokens, step, kv, last_only=True, capture=capture)
+    return None, model.hidden_states(tokens, step, kv, capture)[1]
 
 
 __all__ = ["ChunkCallback", "ProgressLine", "chunked_prefill", "stderr_is_terminal"]

@@ -9,7 +9,11 @@ A step of ``T <= 16`` tokens reads its token ids and positions from static devic
 are updated in place before each replay, and every implementation takes the step's positions
 from the device (``Step.max_context`` tells it that ``Step.start`` is only the capture's). The
 block table is the KV store's own tensor, which covers the whole pool, so a graph stays valid for
-any context the pool holds. Prefill steps stay eager.
+any context the pool holds.
+
+The prefill follows the runner last built over a KV store: ``GraphedSteps`` replays prefill chunks
+from graphs of its own, one per length bucket (``prefill_graphs``, tileinfer.prefill_graphs, in the
+same memory pool), ``EagerSteps`` runs them eagerly.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 
 from tileinfer.interfaces import KVStore, Step
 from tileinfer.model import Qwen3Model
+from tileinfer.prefill_graphs import PrefillGraphs, use_prefill_graphs
 
 MAX_GRAPH_TOKENS = 16
 
@@ -34,6 +39,8 @@ class EagerSteps:
 
     def __init__(self, model: Qwen3Model, kv: KVStore, capture_layers: Collection[int] = ()) -> None:
         self.model, self.kv, self.capture_layers = model, kv, tuple(capture_layers)
+        self.prefill_graphs = None
+        use_prefill_graphs(kv, None)
 
     def forward(self, tokens: torch.Tensor, start: int) -> Outputs:
         step = Step.at(start, tokens.numel(), self.model.device)
@@ -52,7 +59,9 @@ def cuda_graph_capture(fn: Callable[[], Outputs], pool) -> tuple[Callable[[], No
 
 
 class GraphedSteps:
-    """``forward(tokens, start)`` for steps of 1..16 tokens, one captured graph per token count.
+    """``forward(tokens, start)`` for steps of 1..16 tokens, one captured graph per token count;
+    ``prefill_graphs`` for the prompt's chunks (in the same pool), which the KV store's prefill
+    takes from now on (``prefill_graphs.use_prefill_graphs``).
 
     ``capture(fn, pool) -> (replay, outputs)`` is ``cuda_graph_capture``; the tests hand in a
     stand-in that re-runs ``fn`` on each replay with the capture's ``start``, to check on a CPU that
@@ -71,6 +80,8 @@ class GraphedSteps:
         self.graphs: dict[int, tuple[Callable[[], None], Outputs]] = {}
         self.capture_ms = 0.0
         self.memory_bytes = 0
+        self.prefill_graphs = PrefillGraphs(model, kv, self.capture_layers, capture=capture, pool=self._pool)
+        use_prefill_graphs(kv, self.prefill_graphs)
 
     def forward(self, tokens: torch.Tensor, start: int) -> Outputs:
         """Logits ``[T, V]`` float32 (and captured hidden states) of ``tokens`` at ``start``.
@@ -120,7 +131,7 @@ class GraphedSteps:
 
     def report(self) -> str:
         return (f"{len(self.graphs)} CUDA graphs (token counts {sorted(self.graphs)}), captured in "
-                f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB")
+                f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB; {self.prefill_graphs.report()}")
 
 
 StepRunner = Union[EagerSteps, GraphedSteps]

@@ -131,6 +131,7 @@ def _decode_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
 
 def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                             block_table: torch.Tensor, start: int, scale: float, *, causal: bool = True,
+                            positions: torch.Tensor | None = None,
                             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                             k_smooth: torch.Tensor | None = None, out: torch.Tensor | None = None,
                             pdl: bool = False) -> torch.Tensor:
@@ -150,14 +151,22 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
     with ``k_scale``, ``v_scale`` ``[num_pages, Hkv, page_size]`` float32 (the value is ``int8 *
     scale``), and, if the keys were divided by it, ``k_smooth`` ``[D]`` float32 (q is multiplied by
     it and rounded to its dtype first). Tiles are converted in registers (paged_attention_int8.py).
+
+    The kernel reads the start from ``positions[0]`` on the device (``positions``: the step's
+    ``[T]`` int64 positions; made from ``start`` when not given), as the decode kernel does, so that
+    a prefill step captured into a CUDA graph replays at any start (the host ``start`` is then only
+    the capture's: it is checked against the block table, nothing else).
     """
     quant = int8_pages(k_scale, v_scale, k_smooth)
     t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out, quant)
+    if positions is None:
+        positions = torch.tensor([start], dtype=torch.int64, device=q.device)
+    assert positions.device == q.device and positions.dtype == torch.int64, "positions must be int64 on q's device"
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     group = h // hkv
     upcast, precision = _kernel_flags(q.dtype, q.device)
-    launch_prefill(q, k_pages, v_pages, block_table, out, start, scale * LOG2E, group,
+    launch_prefill(q, k_pages, v_pages, block_table, out, positions, scale * LOG2E, group,
                    _prefill_config(t * group, d, quant is not None), upcast, precision, use_pdl(pdl, q.device),
                    causal, quant)
     return out

@@ -16,8 +16,12 @@ Int8 pages (``KV_INT8``, ``kv_store=paged_int8``; paged_attention_int8.py): the 
 scales to the scores and to ``P``; with ``SMOOTH`` the q rows are first multiplied by the key
 smoothing and rounded (:func:`smooth_q`), as the reference attention does.
 
+The start (the number of cached positions before the step) is read on the device from
+``positions[0]``, as the decode kernel reads it, so that a prefill step captured into a CUDA graph
+replays at any start (the grid depends on T alone).
+
 With PDL a program lets the next kernel launch and then waits for the one before, first thing (q,
-the pages and the block table may all be outputs of earlier kernels).
+the pages, the block table and the positions may all be outputs of earlier kernels).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _paged_prefill_kernel(
     stride_vp, stride_vh, stride_vs,
     stride_ot, stride_oh,
     stride_sp, stride_sh,
-    T, start, qk_scale,
+    T, pos_ptr, qk_scale,
     CAUSAL: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -49,6 +53,7 @@ def _paged_prefill_kernel(
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
+    start = tl.load(pos_ptr).to(tl.int32)  # read on the device: a replayed CUDA graph sees the new value
     kv_head = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # longest blocks first
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -95,13 +100,14 @@ def _paged_prefill_kernel(
 
 
 def launch_prefill(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
-                   out: torch.Tensor, start: int, qk_scale: float, group: int, config: dict, upcast: bool,
-                   precision: str, pdl: bool, causal: bool = True,
+                   out: torch.Tensor, positions: torch.Tensor, qk_scale: float, group: int, config: dict,
+                   upcast: bool, precision: str, pdl: bool, causal: bool = True,
                    quant: Int8Pages | None = None) -> None:
-    """One launch of ``_paged_prefill_kernel`` on checked arguments; ``qk_scale`` has ``log2(e)``
-    folded in, ``config`` holds BLOCK_M, BLOCK_N, num_warps and num_stages, ``pdl`` is granted;
-    ``causal=False``: every query sees all ``start + T`` keys; ``quant``: the pages are int8 with
-    these scales (and smoothing)."""
+    """One launch of ``_paged_prefill_kernel`` on checked arguments; the start is ``positions[0]``
+    (int64 on q's device), read by the kernel, so that a CUDA graph replays at any start;
+    ``qk_scale`` has ``log2(e)`` folded in, ``config`` holds BLOCK_M, BLOCK_N, num_warps and
+    num_stages, ``pdl`` is granted; ``causal=False``: every query sees all ``start + T`` keys;
+    ``quant``: the pages are int8 with these scales (and smoothing)."""
     t, _, d = q.shape
     ks, vs, smooth = int8_arguments(q, quant)
     hkv, page_size = k_pages.shape[1], k_pages.shape[2]
@@ -113,7 +119,7 @@ def launch_prefill(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
         v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
         out.stride(0), out.stride(1),
         ks.stride(0), ks.stride(1),
-        t, start, qk_scale,
+        t, positions, qk_scale,
         CAUSAL=causal, KV_INT8=quant is not None, SMOOTH=smooth is not q, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size, UPCAST=upcast, DOT_PRECISION=precision,
         PDL=pdl,
         **config, enable_fp_fusion=True, **launch_options(pdl),

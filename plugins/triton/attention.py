@@ -101,7 +101,7 @@ class TritonAttention(Attention):
             out = dense_attention(q, step, kv, self.layer, spec.scale)
         elif step.num_tokens > SMALL_STEP_MAX_TOKENS:
             out = paged_prefill_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,
-                                          causal=step.causal, **int8, pdl=self.pdl)
+                                          positions=step.positions, causal=step.causal, **int8, pdl=self.pdl)
         else:
             splits = None if step.max_context is None else decode_splits(step.max_context, pages.k_scale is not None)
             out = paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,

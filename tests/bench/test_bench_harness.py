@@ -85,3 +85,32 @@ def test_gpu_matrix_parts_cover_every_variant_and_peer_once_per_shape():
     assert set(rows) == set(run.GPU_SHAPES)
     for shape, names in rows.items():
         assert sorted(names) == sorted(n for n in [*VARIANTS, *PEERS] if n != "default"), shape
+
+
+def test_long_prompt_ttft_workloads_are_prefills_outside_the_default_matrix():
+    """prefill8192 and prefill32768 (bench/workloads.py): one new token, timed in ms, given as
+    TFLOP/s and a fraction of the matmul peak like prefill1024; asked for by name, not run by default."""
+    import records
+    import shapes
+    from tileinfer.model_config import ModelConfig
+    from workloads import ALL_NAMES, NAMES, TTFT_NAMES, Measurement
+
+    full, short = workloads(), workloads(short=True)
+    assert set(TTFT_NAMES) <= set(full) and not set(TTFT_NAMES) & set(NAMES) and ALL_NAMES == NAMES + TTFT_NAMES
+    for name, tokens in (("prefill8192", 8192), ("prefill32768", 32768)):
+        w = full[name]
+        assert (w.prompt_tokens, w.new_tokens, w.kind, w.unit) == (tokens, 1, "prefill", "ms")
+        assert short[name].prompt_tokens == tokens // 32
+    mc = ModelConfig.from_dict({**shapes.SHAPES["Qwen3-4B"], "model_type": "qwen3",
+                                "architectures": ["Qwen3ForCausalLM"]})
+    env = {"copy_bandwidth_tb_s": 4.0, "matmul_peak_tflops": 790.0}
+    row = records.record(shape="Qwen3-4B", workload=full["prefill32768"], env=env, mc=mc,
+                         measurement=Measurement(1000.0, "ms", [1000.0]))
+    flops = 2 * 32768 * sum(o * i for o, i in shapes_of(mc)) * mc.num_layers + 2 * mc.vocab_size * mc.hidden_size \
+        + 4 * 32768**2 / 2 * mc.num_heads * mc.head_dim * mc.num_layers
+    assert row["tflops"] == pytest.approx(flops / 1e12) and row["peak_fraction"] == pytest.approx(flops / 1e12 / 790)
+
+
+def shapes_of(mc):
+    h, d, i = mc.hidden_size, mc.head_dim, mc.intermediate_size
+    return [((mc.num_heads + 2 * mc.num_kv_heads) * d, h), (h, mc.num_heads * d), (2 * i, h), (h, i)]

@@ -68,9 +68,11 @@ def cache_of(engine: tileinfer.Engine, length: int) -> list[tuple[torch.Tensor, 
 def test_chunked_greedy_tokens_equal_the_unchunked_ones(folder, unchunked, chunk):
     tokens, hf, cache = unchunked
     engine = reference_engine(folder, max_new_tokens=NEW, prefill_chunk=chunk)
-    steps = spy_steps(engine)
+    heads: list[int] = []
+    steps = spy_steps(engine, heads)
     out = engine.generate(prompt())
     assert out.token_ids == tokens == hf
+    assert heads == [1] * NEW  # the prefill's last row, then each decode step: no chunk's logits discarded
     prefill = steps[:-(NEW - 1)]  # the decode steps after it have one token each
     assert [n for _, n in prefill] == [min(chunk, 90 - s) for s in range(0, 90, chunk)]
     assert [s for s, _ in prefill] == list(range(0, 90, chunk))
@@ -86,12 +88,13 @@ def test_chunked_prefill_with_the_other_reference_paths(folder, keys):
     assert reference_engine(folder, max_new_tokens=NEW, prefill_chunk=7, **keys).generate(prompt()).token_ids == whole
 
 
-def spy_steps(engine: tileinfer.Engine) -> list[tuple[int, int]]:
-    """Records (start, tokens) of every forward of the engine's model, and checks that each one
-    runs its layers on no more tokens than the step has (the activations a step holds)."""
+def spy_steps(engine: tileinfer.Engine, heads: list[int] | None = None) -> list[tuple[int, int]]:
+    """Records (start, tokens) of every step of the engine's model (``hidden_states``, which
+    ``forward`` runs too), and checks that each one runs its layers on no more tokens than the step
+    has (the activations a step holds); ``heads`` gets the rows of each lm_head call."""
     seen: list[tuple[int, int]] = []
     model = engine.model
-    forward = model.forward
+    forward = model.hidden_states
     rows: list[int] = []
     gate_up = model.layers[0].gate_up
     original = type(gate_up).__call__
@@ -102,15 +105,25 @@ def spy_steps(engine: tileinfer.Engine) -> list[tuple[int, int]]:
             return original(self, x, *args, **kw)
 
     gate_up.__class__ = Spy
+    if heads is not None:
+        head = model.lm_head
+        head_call = type(head).__call__
 
-    def spied(tokens, step, kv, **kw):
+        class HeadSpy(type(head)):
+            def __call__(self, x, *args, **kw):
+                heads.append(x.shape[0])
+                return head_call(self, x, *args, **kw)
+
+        head.__class__ = HeadSpy
+
+    def spied(tokens, step, kv, *args, **kw):
         seen.append((step.start, step.num_tokens))
         before = len(rows)
-        result = forward(tokens, step, kv, **kw)
+        result = forward(tokens, step, kv, *args, **kw)
         assert rows[before:] == [step.num_tokens]
         return result
 
-    model.forward = spied
+    model.hidden_states = spied
     return seen
 
 

@@ -263,3 +263,38 @@ def test_decode_reads_the_start_from_the_positions_tensor(true_start, causal):
     paged_decode_attention(q, k_pages, v_pages, block_table, 0, 0.125, positions=positions, num_splits=8, out=out,
                            causal=causal)
     check(out, paged_attention(q, k_pages, v_pages, block_table, positions, 0.125, causal))
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non-causal"])
+@pytest.mark.parametrize("true_start", [1, 37, 200])
+def test_prefill_reads_the_start_from_the_positions_tensor(true_start, causal):
+    """As a replayed prefill graph does (core/prefill_graphs.py): the host start is the capture's
+    (0), only the positions tensor holds the step's start; the result must follow the tensor."""
+    dtype = F32 if DEVICE == "cpu" else BF16
+    t = 40  # two q blocks at group 2: a fully seen tile before the diagonal ones from start 64 on
+    q, k_pages, v_pages, block_table = make_case(true_start + 7, t, true_start, 2, 64, 16, dtype)
+    positions = torch.arange(true_start, true_start + t, device=DEVICE)
+    out = poisoned(q.shape, q.dtype)
+    paged_prefill_attention(q, k_pages, v_pages, block_table, 0, 0.125, positions=positions, out=out,
+                            causal=causal)
+    check(out, paged_attention(q, k_pages, v_pages, block_table, true_start, 0.125, causal))
+
+
+@pytest.mark.parametrize("n, bucket, start", [(20, 32, 0), (33, 64, 45), (1, 32, 100)])
+def test_prefill_pad_rows_leave_the_real_rows_unchanged(n, bucket, start):
+    """A padded prefill step (core/prefill_graphs.py): ``bucket`` query rows whose last ``bucket -
+    n`` are padding, with the padding's keys and values written past the real ones. The real rows
+    give no padded key any weight: they are the twin's over the real keys alone, and bit for bit
+    the same whatever finite values the padding holds (the diagonal tiles load them and mask the
+    scores, so 0 x value: finite, as the model's keys and values of a token in the vocabulary are)."""
+    dtype = F32 if DEVICE == "cpu" else BF16
+    q, k_pages, v_pages, block_table = make_case(900 + n, bucket, start, 2, 64, 16, dtype)
+    positions = torch.arange(start, start + bucket, device=DEVICE)
+    padded = paged_prefill_attention(q, k_pages, v_pages, block_table, start, 0.125, positions=positions)
+    check(padded[:n], paged_attention(q[:n], k_pages, v_pages, block_table, start, 0.125))
+    for pages, value in ((k_pages, 3e4), (v_pages, -3e4)):  # padding far off the real keys' scale
+        slots = positions[n:]
+        pages[block_table[slots // 16].long(), :, slots % 16] = value
+    again = paged_prefill_attention(q, k_pages, v_pages, block_table, start, 0.125, positions=positions)
+    torch.testing.assert_close(again[:n], padded[:n], atol=0, rtol=0)
+    assert (again[n:] - padded[n:]).abs().max() > 1  # the padding's own rows do see it

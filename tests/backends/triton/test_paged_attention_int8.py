@@ -178,3 +178,34 @@ def test_int8_decode_at_32k_allocates_no_score_matrix():
     torch.cuda.synchronize()
     scores = 16 * 32 * 32768 * 4  # what a float32 [T, H, context] score matrix would take
     assert torch.cuda.max_memory_allocated() - before < scores / 8
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "non-causal"])
+def test_int8_prefill_reads_the_start_from_the_positions_tensor(causal):
+    """As a replayed prefill graph does: the host start is the capture's (0), the positions tensor
+    holds the real one."""
+    t, start = 40, 37
+    q, k_pages, v_pages, block_table, int8 = make_int8_case(7501, t, start, 2, 64, 16, F32)
+    positions = torch.arange(start, start + t, device=DEVICE)
+    out = poisoned(q.shape, q.dtype)
+    paged_prefill_attention(q, k_pages, v_pages, block_table, 0, 0.125, positions=positions, causal=causal,
+                            out=out, **int8)
+    assert_close(out, paged_attention(q, k_pages, v_pages, block_table, start, 0.125, causal, **int8),
+                 "two_roundings")
+
+
+def test_int8_prefill_pad_rows_leave_the_real_rows_unchanged():
+    """A padded prefill step over int8 pages: other (finite) keys, values and scales in the padding
+    change none of the real rows, bit for bit (they give no padded position any weight)."""
+    n, bucket, start = 21, 32, 45
+    q, k_pages, v_pages, block_table, int8 = make_int8_case(7502, bucket, start, 2, 64, 16, F32)
+    positions = torch.arange(start, start + bucket, device=DEVICE)
+    before = paged_prefill_attention(q, k_pages, v_pages, block_table, start, 0.125, positions=positions, **int8)
+    slots = positions[n:]
+    page, slot = block_table[slots // 16].long(), slots % 16
+    k_pages[page, :, slot] = 127
+    v_pages[page, :, slot] = -127
+    for scale in (int8["k_scale"], int8["v_scale"]):
+        scale[page, :, slot] = 1e3
+    after = paged_prefill_attention(q, k_pages, v_pages, block_table, start, 0.125, positions=positions, **int8)
+    torch.testing.assert_close(after[:n], before[:n], atol=0, rtol=0)
