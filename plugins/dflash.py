@@ -7,17 +7,29 @@ device and dtype, with the target's embedding and lm_head and a KV store of its 
 ``kv_store``, pages of ``kv_page_size``). It asks the engine for the outputs of the target layers
 ``target_layer_ids`` (``hidden_layers``).
 
-Each step (plugins/dflash_model.py) it caches the context of the positions the target committed
-since the last step (their hidden states, projected), then runs one non-causal pass over the block
-``[newest token, MASK x (B-1)]`` at the next B positions and proposes the first ``k <= B - 1`` of
-its B - 1 predictions: the argmax (``options.dflash.greedy=true``, q one-hot), or drawn from each
-position's distribution under the target's sampling settings (``greedy=false``: ``Draft.probs`` is
-q, for the p/q rule; the positions are independent marginals, a valid but less coherent
-proposal). The block's keys and values are dropped at once, so the store holds the context of
-committed positions only: what the target rejects never reaches it (the hidden states ``accept``
-gets are those of the kept positions).
+As the target commits positions (each prompt chunk, then the kept positions of each verify
+step, ``accept``) it caches their context (their hidden states, projected: the context step of
+plugins/dflash_model.py). Each ``propose`` runs one non-causal pass over the block ``[newest
+token, MASK x (B-1)]`` at the next B positions (the block step) and proposes the first
+``k <= B - 1`` of its B - 1 predictions: the argmax (``options.dflash.greedy=true``, q one-hot),
+or drawn from each position's distribution under the target's sampling settings
+(``greedy=false``: ``Draft.probs`` is q, for the p/q rule; the positions are independent
+marginals, a valid but less coherent proposal). The block's keys and values are dropped at once,
+so the store holds the context of committed positions only: what the target rejects never
+reaches it (the hidden states ``accept`` gets are those of the kept positions).
 
-Its passes run eagerly; replaying them from CUDA graphs is future work.
+On a GPU with ``cuda_graphs`` both steps are replayed from CUDA graphs captured when it is built
+(plugins/dflash_steps.py: the block step, and the context step of each row count a verify step
+can keep, 1 to ``spec_k + 1``); prompt chunks of more than 16 positions run eagerly.
+
+It drafts on the device (``Proposer.draft_on_device``) for the device-resident speculative loop
+(``tileinfer.device_speculation``) when its block has at most 16 positions: the block step after
+the sequence's last token, read from the device sequence, with its positions from the device
+length; after the verify step the context step over all its ``k + 1`` rows. Nothing is truncated
+there: the rows the target rejected, and the block's keys and values, lie at or after the next
+block's first position, which rewrites them before any query reads them (every attention reads
+keys up to its queries' positions only), so each block sees the context of exactly the committed
+positions, as in sequential decoding.
 """
 
 from __future__ import annotations
@@ -30,10 +42,11 @@ import torch
 from tileinfer import hookimpl
 from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import Implementation
-from tileinfer.interfaces import Draft, KVGeometry, Proposer, ProposerContext, RunSpec
+from tileinfer.interfaces import DeviceSequence, Draft, KVGeometry, Proposer, ProposerContext, RunSpec
 from tileinfer.options import Option
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
 from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
+from tileinfer.steps import MAX_GRAPH_TOKENS, cuda_graph_capture
 
 
 def dflash_folder(model: str, config) -> Path:
@@ -106,9 +119,14 @@ class DFlashProposer(Proposer):
         geometry = KVGeometry(m.num_layers, m.num_kv_heads, m.head_dim, page, num_pages, target.dtype)
         self.kv = kv_class(geometry, target.device, key_norm_weights=self.model.key_norm_weights(),
                            options=implementation_options(config, "kv_store", registry))
+        from tileinfer.plugins.dflash_steps import DFlashSteps
+
+        graphs = target.device.type == "cuda" and config.cuda_graphs
+        self.steps = DFlashSteps(self.model, self.kv, block, self.mask_token_id,
+                                 capture=cuda_graph_capture if graphs else None)
+        with torch.inference_mode():
+            self.steps.capture_graphs(range(1, config.spec_k + 2))
         self._absorbed = 0  # positions whose context the KV store holds
-        self._pending: list[torch.Tensor] = []  # projected hidden states of the positions after them
-        self._pending_rows = 0
 
     def _target_head(self) -> torch.Tensor:
         """An untied target's lm_head weight, read again from its checkpoint (a Linear may keep its
@@ -130,14 +148,14 @@ class DFlashProposer(Proposer):
         """A chunk of the prompt: its hidden states are context to cache (``start == 0``: a new generation)."""
         if start == 0:
             self.kv.reset()
-            self._absorbed, self._pending, self._pending_rows = 0, [], 0
-        self._take(hidden)
+            self._absorbed = 0
+        self._take(start, hidden)
 
     @torch.inference_mode()
     def start(self, tokens: list[int], hidden: dict[int, torch.Tensor] | None = None) -> None:
-        """The prompt is prefilled: its context waits for the first pass (``propose``). ``hidden``
-        (the whole prompt's hidden states, from a decoder that does not call ``prompt_chunk``)
-        starts a new generation with them."""
+        """The prompt is prefilled (its context cached, chunk by chunk). ``hidden`` (the whole
+        prompt's hidden states, from a decoder that does not call ``prompt_chunk``) starts a new
+        generation with them."""
         if hidden is not None:
             self.prompt_chunk(tokens[:-1], 0, hidden)
 
@@ -145,31 +163,60 @@ class DFlashProposer(Proposer):
     def propose(self, tokens: list[int], k: int) -> Draft:
         s = len(tokens) - 1  # the newest token is committed, not yet run by the target
         k = min(k, self.block_size - 1)
-        if k < 1 or self._absorbed + self._pending_rows != s or s + self.block_size > self.capacity:
+        if k < 1 or self._absorbed != s or s + self.block_size > self.capacity:
             return Draft([])  # past the drafter's context (or a sequence it was not started on)
-        embed = self.model.embed
-        context = torch.cat(self._pending) if self._pending else embed.new_zeros(0, embed.shape[1])
-        block = torch.tensor([tokens[-1]] + [self.mask_token_id] * (self.block_size - 1), dtype=torch.int64,
-                             device=self.model.device)
-        logits = self.model.forward(context, block, self._absorbed, self.kv)[:k]
+        self.kv.reserve(s + self.block_size)
+        logits, picks = self.steps.block(tokens[-1], s)
         self.kv.truncate(s)  # the block's keys and values go; the context stays
-        self._absorbed, self._pending, self._pending_rows = s, [], 0
         sampler = self.context.sampler
         if self.options["greedy"] or sampler.greedy:
-            return Draft(logits.argmax(-1).tolist())
-        q = sampler.probs(logits)
+            return Draft(picks[:k].tolist())
+        q = sampler.probs(logits[:k])
         return Draft(sampler.draw(q).tolist(), q)
 
     @torch.inference_mode()
     def accept(self, tokens: list[int], num_accepted: int, hidden: dict[int, torch.Tensor]) -> None:
         """The kept positions' hidden states become context for the next pass."""
-        self._take(hidden)
-
-    def _take(self, hidden: dict[int, torch.Tensor]) -> None:
         rows = next(iter(hidden.values())).shape[0] if hidden else 0
-        if rows:
-            self._pending.append(self.model.project(hidden))
-            self._pending_rows += rows
+        self._take(len(tokens) - 1 - rows, hidden)
+
+    def _take(self, start: int, hidden: dict[int, torch.Tensor]) -> None:
+        """Cache the context of positions ``start ..`` (``hidden``: their hidden states) if they
+        follow the cached ones and a block still fits after them."""
+        rows = next(iter(hidden.values())).shape[0] if hidden else 0
+        if rows and start == self._absorbed and start + rows + self.block_size <= self.capacity:
+            self.kv.reserve(start + rows)
+            self.steps.context(hidden, start)
+            self._absorbed = start + rows
+
+    # -- device drafting (the device-resident speculative loop) ----------------------------------
+
+    def device_drafting(self, positions: int) -> bool:
+        """A block of at most 16 positions (the attention's small-step path, which reads positions
+        from the device) and room for a block after the sequence's last position."""
+        return self.block_size <= MAX_GRAPH_TOKENS and positions + self.block_size <= self.capacity
+
+    def start_on_device(self, seq: DeviceSequence, positions: int) -> None:
+        """The prompt's context is cached (``prompt_chunk``); reserve the pages of every position
+        the loop's blocks can reach."""
+        self.kv.reserve(min(positions + self.block_size, self.capacity))
+
+    def draft_on_device(self, seq: DeviceSequence, k: int) -> torch.Tensor:
+        """The block step at ``length - 1`` after ``tokens[length - 1]``, its first ``k`` argmax
+        rows. Its keys and values stay in the store: the next context step rewrites the kept
+        positions, the next block step the others, before any query reads them."""
+        start = seq.length - 1
+        self.steps.set_block(seq.tokens.index_select(0, start).clamp(min=0), start)
+        _, picks = self.steps.step_block(0, replayed=True)
+        return picks[:k]
+
+    def accept_on_device(self, seq: DeviceSequence, committed: torch.Tensor,
+                         hidden: dict[int, torch.Tensor]) -> None:
+        """The context step over all ``k + 1`` rows of the verify step at its positions (from
+        ``length - committed - 1``): the kept rows become context; the others lie at or after the
+        next block's first position, which rewrites them before any query reads them."""
+        n = self.steps.set_context(hidden, seq.length - committed - 1)
+        self.steps.step_context(n, 0, replayed=True)
 
 
 @hookimpl

@@ -17,10 +17,12 @@ arithmetic of dflash/model.py):
 - ``norm`` then the target's lm_head on block positions 1..B-1: row ``j - 1`` scores the token at
   ``s + j``.
 
-The new context rows and the block go through each layer's attention as one step (the context
-rows carry a zero query, whose output is dropped), so the attention implementation writes the
-context's keys and values in its own page format, then attends. The caller crops the block's keys
-and values (``KVStore.truncate``) afterwards.
+Two kinds of step, each of fixed shape so that it can be replayed from a CUDA graph
+(plugins/dflash_steps.py): ``write_context`` sends the new context rows through each layer's
+attention with a zero query (whose output is dropped), so that the attention implementation
+writes their keys and values in its own page format; ``block_logits`` runs the block as one
+non-causal step. The caller crops the block's keys and values (``KVStore.truncate``) afterwards,
+or lets the next step rewrite them.
 """
 
 from __future__ import annotations
@@ -103,28 +105,43 @@ class DFlashDrafter:
         as ``context_kv``'s RMSNorm). A new tensor: the caller's hidden states may be reused buffers."""
         return self.fc(torch.cat([hidden[i] for i in self.config.target_layer_ids], dim=-1))
 
+    def write_context(self, context: torch.Tensor, step: Step, kv: KVStore) -> None:
+        """Cache ``context`` (``[n, H]``, ``project``'s output, ``n == step.num_tokens``) at the
+        step's positions: ``hidden_norm`` and the k/v projections of every layer (one Linear),
+        then each layer's attention with a zero query per row, which writes the keys (k-norm,
+        RoPE) and values in the store's page format; its output is dropped. ``kv`` must hold pages
+        for the step's positions."""
+        context_kv = self.context_kv(context)  # [n, layers * 2 Hkv D]
+        zero_q = context.new_zeros(context.shape[0], self.q_width)
+        w = self.kv_width
+        for i, layer in enumerate(self.layers):
+            layer.attention(torch.cat([zero_q, context_kv[:, i * w:(i + 1) * w]], dim=-1), step, kv)
+
+    def block_logits(self, block: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        """Run ``block`` (``[B]`` int64 token ids) at the step's positions, a non-causal step
+        (``step.causal`` False) after the cached context: float32 logits ``[B - 1, V]`` of block
+        positions 1..B-1. Writes the block's keys and values at its positions (``kv`` must hold
+        pages for them): the caller truncates them away, or a later step rewrites them before any
+        query reads them."""
+        h = F.embedding(block, self.embed)
+        for layer in self.layers:
+            attended = layer.attention(layer.qkv(h), step, kv)
+            h = layer.o_proj(attended, residual=h)
+            h = layer.down(layer.gate_up(h), residual=h)
+        return self.head(h[1:])
+
     def forward(self, context: torch.Tensor, block: torch.Tensor, start: int, kv: KVStore) -> torch.Tensor:
-        """Cache ``context`` (``[n, H]``, ``project``'s output for positions ``start .. start+n-1``)
-        in ``kv`` and run ``block`` (``[B]`` int64 token ids) at the positions after it.
+        """Eagerly: cache ``context`` (``[n, H]``, ``project``'s output for positions ``start ..
+        start+n-1``) in ``kv`` and run ``block`` (``[B]`` int64 token ids) at the positions after it.
 
         Returns float32 logits ``[B - 1, V]`` of block positions 1..B-1. ``kv`` then holds the
         context and the block's keys and values (``start + n + B`` positions): truncate it to
         ``start + n`` to keep the context only."""
         n, b = context.shape[0], block.shape[0]
-        step = Step.at(start, n + b, self.device, causal=False)
-        kv.reserve(step.end)
-        h = F.embedding(block, self.embed)
-        context_kv = self.context_kv(context) if n else None  # [n, layers * 2 Hkv D]
-        zero_q = h.new_zeros(n, self.q_width)
-        for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(h)
-            if n:
-                ctx = torch.cat([zero_q, context_kv[:, i * self.kv_width:(i + 1) * self.kv_width]], dim=-1)
-                qkv = torch.cat([ctx, qkv])
-            attended = layer.attention(qkv, step, kv)[n:]
-            h = layer.o_proj(attended, residual=h)
-            h = layer.down(layer.gate_up(h), residual=h)
-        return self.head(h[1:])
+        kv.reserve(start + n + b)
+        if n:
+            self.write_context(context, Step.at(start, n, self.device), kv)
+        return self.block_logits(block, Step.at(start + n, b, self.device, causal=False), kv)
 
 
 __all__ = ["DFlashDrafter", "DrafterLayer"]
