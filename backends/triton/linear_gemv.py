@@ -12,7 +12,10 @@ the H200's ~67 TFLOP/s peak, while the tensor cores make the math free for any T
 compiled kernel (T a run-time argument, masked rows) serves every T in 2..16. Layers whose grid
 would leave SMs idle (at T >= 2: o_proj and down, N = hidden) split K across SPLIT_K programs
 writing float32 partials ``[SPLIT_K, T, N]``; ``_splitk_reduce_kernel`` (grid ``(T, cdiv(N_out,
-1024))``) adds them in a fixed order (deterministic, no atomics) and applies the epilogues.
+1024))``) adds them in a fixed order (deterministic, no atomics) and applies the epilogues; or
+(a config's ``fused_reduce``, not with SwiGLU) the last split's program of each column block,
+found by a counter, adds them in the same order and applies them (:func:`reduce_if_last`: one
+launch fewer, the same bits).
 
 Fusions. SwiGLU: a program owns gate rows j..j+BN and up rows I+j..I+j+BN of the fused [gate; up]
 weight, computes both accumulators with the same code and tiles as the plain kernel (the same
@@ -218,17 +221,18 @@ def store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, str
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, w_ptr, y_ptr, nw_ptr, r_ptr, T, N, K, I_OFF, kb_per_split, eps,
-    stride_xt, stride_wn, stride_ys, stride_yt, stride_rt,
+    x_ptr, w_ptr, y_ptr, nw_ptr, r_ptr, o_ptr, lock_ptr, T, N, K, I_OFF, kb_per_split, eps,
+    stride_xt, stride_wn, stride_ys, stride_yt, stride_rt, stride_ot,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, NORM: tl.constexpr, NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
-    RESIDUAL: tl.constexpr,
+    RESIDUAL: tl.constexpr, FUSED_REDUCE: tl.constexpr,
 ):
     """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
     program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). NORM: x is
     RMS-normalized first (weight ``nw_ptr``, ``NORM_K`` = K); RESIDUAL: ``r[t, n]`` is added to the
-    rounded result (``r`` has y's shape; never with split-K partials)."""
+    rounded result (``r`` has the output's shape). FUSED_REDUCE (split-K, no SWIGLU): y holds the
+    partials, and the last split's program of each column block writes ``o`` (``reduce_if_last``)."""
     pid_k, kb_lo, kb_hi, offs_n, rows = gemv_program(K, N, kb_per_split, BLOCK_N, BLOCK_K, PDL)
     acc = gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps, BLOCK_T, BLOCK_N,
                     BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF, _gemv_accumulate, BLOCK_K, False)
@@ -238,7 +242,46 @@ def _gemv_kernel(
                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF,
                           _gemv_accumulate, BLOCK_K, False)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
-    store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT, RESIDUAL)
+    store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT,
+               RESIDUAL and not FUSED_REDUCE)
+    if FUSED_REDUCE:
+        reduce_if_last(y_ptr, o_ptr, r_ptr, lock_ptr, offs_n, T, N, stride_ys, stride_yt, stride_ot, stride_rt,
+                       BLOCK_T, USE_DOT, RESIDUAL)
+
+
+@triton.jit
+def reduce_if_last(p_ptr, o_ptr, r_ptr, lock_ptr, offs_n, T, N, stride_ps, stride_pt, stride_ot, stride_rt,
+                   BLOCK_T: tl.constexpr, USE_DOT: tl.constexpr, RESIDUAL: tl.constexpr):
+    """Split-K without a reduce kernel: after a program stored its split's float32 partial of
+    columns ``offs_n`` in ``p`` (``[splits, T, N]``), it counts itself in the column block's
+    counter (``lock_ptr``, int32, 0 between launches); the program that counts last adds the
+    partials of splits 0, 1, ... in that order (the reduce kernel's order: the same bits), rounds
+    to o's dtype, adds ``r`` where RESIDUAL, stores ``o`` and sets the counter back to 0. The
+    barrier orders every thread's partial store before the count; the count's acquire-release
+    and the L1-bypassing loads make the other programs' partials visible to the last one."""
+    tl.debug_barrier()
+    lock = lock_ptr + tl.program_id(0)
+    counted = tl.atomic_add(lock, 1, sem="acq_rel")
+    splits = tl.num_programs(1)
+    if counted == splits - 1:
+        n_mask = offs_n < N
+        if USE_DOT:
+            offs_t = tl.arange(0, BLOCK_T).to(tl.int64)[:, None]
+            mask = (offs_t < T) & n_mask[None, :]
+            p_ptrs = p_ptr + offs_t * stride_pt + offs_n[None, :]
+            o_ptrs = o_ptr + offs_t * stride_ot + offs_n[None, :]
+            r_ptrs = r_ptr + offs_t * stride_rt + offs_n[None, :]
+        else:
+            mask = n_mask
+            p_ptrs = p_ptr + offs_n
+            o_ptrs = o_ptr + offs_n
+            r_ptrs = r_ptr + offs_n
+        acc = tl.load(p_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, splits):
+            acc += tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+        y = add_residual(acc.to(o_ptr.dtype.element_ty), r_ptrs, mask, RESIDUAL)
+        tl.store(o_ptrs, y, mask=mask)
+        tl.atomic_xchg(lock, 0)
 
 
 @triton.jit
@@ -289,7 +332,8 @@ def launch_gemv_kernel(kernel, x: torch.Tensor, weights: tuple[torch.Tensor, ...
     """Launch a GEMV ``kernel`` with the arguments of ``_gemv_kernel`` (``weights``: what stands at
     its ``w_ptr``, e.g. ``(q, scale)``; the first is the ``[N, K]`` weight; ``no_norm``: the tensor
     passed as the unused ``nw_ptr`` without the norm prologue; ``extra``: constexprs of its own)
-    alone, or with split K over all weight rows then ``_splitk_reduce_kernel``."""
+    alone, or with split K over all weight rows then ``_splitk_reduce_kernel`` (or, with the
+    config's ``fused_reduce`` and no SwiGLU, the sum in the last split's program)."""
     T, K = x.shape
     n_w = weights[0].shape[0]
     stride_wn = weights[0].stride(0)
@@ -308,22 +352,43 @@ def launch_gemv_kernel(kernel, x: torch.Tensor, weights: tuple[torch.Tensor, ...
                   **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)
-        kernel[grid](x, *weights, out, nw, r, T, n_out, K, i_off, kb_per_split, eps,
-                     x.stride(0), stride_wn, 0, out.stride(0), r.stride(0),
-                     SWIGLU=swiglu, RESIDUAL=has_residual, **consts)
+        kernel[grid](x, *weights, out, nw, r, out, out, T, n_out, K, i_off, kb_per_split, eps,
+                     x.stride(0), stride_wn, 0, out.stride(0), r.stride(0), out.stride(0),
+                     SWIGLU=swiglu, RESIDUAL=has_residual, FUSED_REDUCE=False, **consts)
         return
     # Split-K: the partial kernel is the plain one over all weight rows (the prologue included);
-    # the epilogues run in the reduce.
+    # the epilogues run in the reduce kernel, or in the last split's program (fused_reduce).
     part = torch.empty((split, T, n_w), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(n_w, cfg.block_n), split)
-    kernel[grid](x, *weights, part, nw, part, T, n_w, K, 0, kb_per_split, eps,
-                 x.stride(0), stride_wn, part.stride(0), part.stride(1), 0,
-                 SWIGLU=False, RESIDUAL=False, **consts)
+    if getattr(cfg, "fused_reduce", False) and not swiglu:
+        kernel[grid](x, *weights, part, nw, r, out, split_counters(x.device, grid[0]), T, n_w, K, 0, kb_per_split, eps,
+                     x.stride(0), stride_wn, part.stride(0), part.stride(1), r.stride(0), out.stride(0),
+                     SWIGLU=False, RESIDUAL=has_residual, FUSED_REDUCE=True, **consts)
+        return
+    kernel[grid](x, *weights, part, nw, part, part, part, T, n_w, K, 0, kb_per_split, eps,
+                 x.stride(0), stride_wn, part.stride(0), part.stride(1), 0, 0,
+                 SWIGLU=False, RESIDUAL=False, FUSED_REDUCE=False, **consts)
     grid = (T, triton.cdiv(n_out, REDUCE_BLOCK))
     _splitk_reduce_kernel[grid](part, out, r, n_out, i_off, part.stride(0), part.stride(1), out.stride(0),
                                 r.stride(0), SPLIT_K=split, BLOCK=REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl,
                                 RESIDUAL=has_residual, num_warps=4, enable_fp_fusion=True, **launch_options(pdl))
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MAX_COUNTERS = 1 << 16
+
+
+def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
+    """The split-K counters of ``reduce_if_last`` on ``device``: int32 zeros, one per column block,
+    shared by every launch (each leaves them at 0; launches on one stream run one after the other).
+    Made once per device, outside any CUDA graph capture in the engine (its steps are run once
+    before they are captured)."""
+    assert blocks <= MAX_COUNTERS, f"{blocks} column blocks: more than the {MAX_COUNTERS} split-K counters"
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        counters = _COUNTERS[device] = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
+    return counters
+
+
 __all__ = ["LM_HEAD_ROWS", "GemvConfig", "gemv_config", "gemv_program", "gemv_rows", "gemv_split_k", "gemv_tiles", "launch_gemv",
-           "launch_gemv_kernel", "store_gemv", "verify_tiles"]
+           "launch_gemv_kernel", "reduce_if_last", "split_counters", "store_gemv", "verify_tiles"]

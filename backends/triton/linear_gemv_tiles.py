@@ -19,6 +19,7 @@ class GemvConfig:
     split_k: int
     num_warps: int
     num_stages: int
+    fused_reduce: bool = False  # split-K: the last split's program adds the partials (no reduce kernel)
 
 
 LM_HEAD_ROWS = 32768  # weight rows from which a GEMV is an lm_head-sized stream (vocabulary rows)

@@ -46,6 +46,7 @@ from tileinfer.backends.triton.linear_gemv import (
     gemv_rows,
     gemv_tiles,
     launch_gemv_kernel,
+    reduce_if_last,
     store_gemv,
 )
 
@@ -58,6 +59,7 @@ class Int8GemvConfig:
     num_warps: int
     num_stages: int
     bit_convert: bool = True  # int8 -> float by bit patterns (False: Triton's cast)
+    fused_reduce: bool = False  # split-K: the last split's program adds the partials (no reduce kernel)
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,12 +124,12 @@ def _scaled(acc, s_ptr, rows, USE_DOT: tl.constexpr):
 
 @triton.jit
 def _gemv_int8_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, nw_ptr, r_ptr, T, N, K, I_OFF, kb_per_split, eps,
-    stride_xt, stride_wn, stride_ys, stride_yt, stride_rt,
+    x_ptr, w_ptr, s_ptr, y_ptr, nw_ptr, r_ptr, o_ptr, lock_ptr, T, N, K, I_OFF, kb_per_split, eps,
+    stride_xt, stride_wn, stride_ys, stride_yt, stride_rt, stride_ot,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, NORM: tl.constexpr, NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
-    RESIDUAL: tl.constexpr, BITS: tl.constexpr,
+    RESIDUAL: tl.constexpr, BITS: tl.constexpr, FUSED_REDUCE: tl.constexpr,
 ):
     """y[t, n] = round(acc * scale[n]) (or split pid_k's scaled float32 partial) for the BLOCK_N
     output columns of this program; N = output columns (I when SWIGLU: gate row n, up row I_OFF +
@@ -144,7 +146,11 @@ def _gemv_int8_kernel(
                           _accumulate_int8, BLOCK_K // 16, BITS)
         acc_u = _scaled(acc_u, s_ptr, rows + I_OFF, USE_DOT)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
-    store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT, RESIDUAL)
+    store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT,
+               RESIDUAL and not FUSED_REDUCE)
+    if FUSED_REDUCE:
+        reduce_if_last(y_ptr, o_ptr, r_ptr, lock_ptr, offs_n, T, N, stride_ys, stride_yt, stride_ot, stride_rt,
+                       BLOCK_T, USE_DOT, RESIDUAL)
 
 
 def launch_gemv_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
@@ -152,7 +158,8 @@ def launch_gemv_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out:
                      cfg: Int8GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool, pdl: bool) -> None:
     """The GEMV of ``linear_int8`` (T <= 16) on checked arguments: ``_gemv_int8_kernel`` alone, or
     with split K its scaled float32 partials over all weight rows (the prologue included) then the
-    BF16 GEMV's ``_splitk_reduce_kernel``, which applies the epilogues."""
+    BF16 GEMV's ``_splitk_reduce_kernel``, which applies the epilogues, or (``fused_reduce``) the
+    sum of the partials by the last split's program (:func:`linear_gemv.reduce_if_last`)."""
     assert cfg.block_k % 16 == 0, f"block_k must be a multiple of 16 (a thread's 16-byte access), got {cfg.block_k}"
     launch_gemv_kernel(_gemv_int8_kernel, x, (q, scale), x, out, norm_weight, eps, residual, cfg, n_out, i_off, swiglu,
                        dot_f32, pdl, BITS=cfg.bit_convert)

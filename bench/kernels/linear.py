@@ -13,7 +13,9 @@ of plain calls. The ``gate_up+swiglu`` row times ``linear(x, w, swiglu=True)`` a
 silu * up. Columns: Triton and cuBLAS time (us), Triton GB/s (weight + activation + output bytes
 over time), that as a fraction of the copy bandwidth (measured in the same run), and TFLOP/s for
 the GEMM rows. ``--sweep`` also times other GEMV/GEMM tiles per shape (for tuning the rules of
-linear_gemv.py / linear_gemm.py).
+linear_gemv.py / linear_gemm.py), with each one's max error against the twin; at T > 16 the
+persistent GEMM's candidates too (``PERSISTENT_TILES``: TMA, flattened tile loops, split tails),
+on the ``gate_up+swiglu`` row as well.
 
 Decode step (``--decode-step``, --tokens default 1,4,16). The linears of one whole decode step
 (every layer with its own weights, then the lm_head), replayed from one CUDA graph, as ms per step
@@ -77,6 +79,34 @@ def rotated_seconds(fn, weights, repeats: int) -> float:
     return graph_seconds(lambda: [fn(w) for w in weights], repeats=repeats, calls=len(weights))
 
 
+# Persistent GEMM candidates (linear_gemm_persistent.py) for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K,
+# num_warps, num_stages, options); "split" takes split_plan's rows and K splits for the shape (and
+# is left out where the plan does not split).
+PERSISTENT_TILES = [
+    (128, 128, 64, 8, 3, "tma"), (128, 128, 64, 8, 4, "tma"), (128, 128, 64, 8, 3, "tma flatten"),
+    (128, 128, 64, 8, 4, "tma flatten"), (128, 128, 64, 8, 3, ""), (128, 128, 64, 8, 3, "tma split"),
+    (128, 256, 64, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma flatten"), (128, 256, 64, 8, 3, "tma split"),
+    (128, 128, 128, 8, 3, "tma"), (128, 128, 64, 4, 4, "tma"), (128, 64, 64, 4, 4, "tma split"),
+    (64, 128, 64, 4, 4, "tma split"),
+]
+
+
+def persistent_configs(cls, t: int, n: int, k: int, sms: int, tiles, **fixed):
+    """``cls`` (GemmConfig / Int8GemmConfig) persistent configs of ``tiles`` for a GEMM of ``t`` rows
+    on an ``[n, k]`` weight; the split ones with ``split_plan``'s rows and K splits, skipped where
+    the plan does not split."""
+    from tileinfer.backends.triton.linear_gemm_persistent import split_plan
+
+    for bm, bn, bk, w, s, options in tiles:
+        opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, **fixed)
+        if "split" in options:
+            rows, splits = split_plan(t, n, k, bm, bn, bk, sms)
+            if rows == 0:
+                continue
+            opts |= dict(split_rows=rows, split_k=splits)
+        yield cls(bm, bn, bk, 8, w, s, **opts)
+
+
 def sweep_configs(n: int, k: int, t: int, sms: int):
     from tileinfer.backends.triton.linear_gemm import GEMM_TILES, GemmConfig
     from tileinfer.backends.triton.linear_gemv import GemvConfig, gemv_split_k
@@ -85,6 +115,7 @@ def sweep_configs(n: int, k: int, t: int, sms: int):
         for bm, bn, bk, w, s, _ in list(GEMM_TILES) + [(128, 128, 64, 8, 4, 0), (128, 256, 64, 8, 3, 0),
                                                        (128, 128, 128, 8, 3, 0)]:
             yield GemmConfig(bm, bn, bk, 8, w, s)
+        yield from persistent_configs(GemmConfig, t, n, k, sms, PERSISTENT_TILES)
         return
     if t == 1:
         tiles = [(16, 512, 4, 1), (16, 512, 4, 2), (8, 512, 4, 1), (8, 512, 2, 1), (4, 512, 2, 1), (4, 512, 1, 1),
@@ -98,6 +129,24 @@ def sweep_configs(n: int, k: int, t: int, sms: int):
         rule = gemv_split_k(n, k, bn, bk, sms)
         for split in sorted({1, rule, min(2 * rule, -(-k // bk))}):
             yield GemvConfig(bn, bk, split, w, s)
+            if split > 1:  # the partials added by the last split's program instead of a reduce kernel
+                yield GemvConfig(bn, bk, split, w, s, fused_reduce=True)
+
+
+def sweep(fn, weights, configs, expected: torch.Tensor, moved: int, bandwidth: float, repeats: int) -> list[dict]:
+    """Each config's time of ``fn(w, cfg)`` over the rotating ``weights`` and its max error against
+    ``expected`` (``fn(weights[0], cfg)``'s reference); a config that fails to compile or run is
+    reported with its error."""
+    rows = []
+    for cfg in configs:
+        try:
+            err = (fn(weights[0], cfg).float() - expected.float()).abs().max().item()
+            s = rotated_seconds(lambda w, cfg=cfg: fn(w, cfg), weights, repeats)
+        except Exception as e:  # noqa: BLE001 -- a tile that does not compile is reported
+            rows.append(dict(config=cfg.__dict__, error=str(e).splitlines()[0][:200]))
+            continue
+        rows.append(dict(config=cfg.__dict__, us=s * 1e6, copy_fraction=moved / s / bandwidth, max_abs_err=err))
+    return rows
 
 
 def per_layer(args, bandwidth: float, sms: int) -> dict:
@@ -143,15 +192,9 @@ def per_layer(args, bandwidth: float, sms: int) -> dict:
                                copy_fraction=moved / t_triton / bandwidth, triton_tflop_s=flops / t_triton / 1e12,
                                cublas_tflop_s=flops / t_torch / 1e12, max_abs_err=err,
                                max_abs_ref=expected.float().abs().max().item(), config=cfg.__dict__)
-                    if args.sweep and not swiglu:
-                        rec["sweep"] = []
-                        for alt in sweep_configs(n, k, t, sms):
-                            try:
-                                s = rotated_seconds(lambda w, alt=alt: triton_fn(w, alt), weights, args.repeats)
-                            except Exception as e:  # noqa: BLE001 -- a tile that does not compile is reported
-                                rec["sweep"].append(dict(config=alt.__dict__, error=str(e).splitlines()[0][:200]))
-                                continue
-                            rec["sweep"].append(dict(config=alt.__dict__, us=s * 1e6, copy_fraction=moved / s / bandwidth))
+                    if args.sweep and (not swiglu or t > 16):
+                        rec["sweep"] = sweep(lambda w, cfg: triton_fn(w, cfg), weights, sweep_configs(n, k, t, sms),
+                                             expected, moved, bandwidth, args.repeats)
                     records.append(rec)
                     tf = f"{rec['triton_tflop_s']:8.1f} {rec['cublas_tflop_s']:9.1f}" if t > 16 else f"{'':8} {'':9}"
                     print(f"{model:<11} {name:<15} {f'{n}x{k}':>13} {t:>5} {rec['triton_us']:10.1f} "

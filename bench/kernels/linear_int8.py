@@ -13,7 +13,16 @@ Columns: the three times (us), INT8 speed-up over the BF16 Triton linear, INT8 G
 scales + activation + output bytes over time) and that as a fraction of the copy bandwidth
 measured in the same run, TFLOP/s for the GEMM rows. The ``gate_up+swiglu`` row runs the SwiGLU
 epilogue. ``--sweep`` also times other tiles and Triton's plain int8 cast instead of the conversion
-on bit patterns (``bit_convert=False``), for tuning ``gemv_int8_config`` / ``gemm_int8_config``.
+on bit patterns (``bit_convert=False``), for tuning ``gemv_int8_config`` / ``gemm_int8_config``,
+with each one's max error against the twin; at T > 16 the persistent GEMM's candidates too
+(``PERSISTENT_SWAPPED``, ``PERSISTENT_PLAIN``), on the ``gate_up+swiglu`` row as well.
+
+A kernel-level peer at T = 1 and 16 (the rows without the SwiGLU epilogue): gemlite's A16W8 Triton
+GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``, built from
+the same int8 weights and scales, bfloat16 output; its own kernel choice and autotuning, untimed),
+timed the same way: ``gemlite_us`` and its max error against the twin. Where gemlite does not
+import (it needs a GPU to import; bench/device.sh carries it), the run prints why and the record's
+``gemlite`` field holds the reason instead of its version.
 
 Decode step (``--decode-step``, --tokens default 1,4,16): the linears of one whole decode step
 (every layer with its own weights, the norms in the GEMV prologue and the residual adds in the
@@ -35,9 +44,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import op_benchmark  # noqa: E402
-from linear import layer_shapes, rotated_seconds, run  # noqa: E402
+from linear import layer_shapes, persistent_configs, rotated_seconds, run, sweep  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 from timing import graph_seconds  # noqa: E402
+
+GEMLITE_TOKENS = (1, 16)  # the step sizes gemlite's A16W8 is timed at (decode, a 16-token verify step)
 
 
 def parse_args(argv: list[str] | None):
@@ -56,19 +67,29 @@ def int8_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+# Persistent W8A16 candidates for T > 16, as linear.py's PERSISTENT_TILES: transposed (swap_ab, the
+# rule's form) and not.
+PERSISTENT_SWAPPED = [
+    (128, 128, 64, 8, 3, "tma"), (128, 128, 64, 8, 4, "tma"), (128, 128, 128, 8, 3, "tma"), (128, 64, 128, 4, 3, "tma"),
+    (128, 64, 128, 4, 4, "tma"), (128, 128, 64, 8, 3, "tma flatten"), (128, 128, 64, 8, 3, ""),
+    (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split"), (64, 128, 128, 4, 3, "tma split"),
+]
+PERSISTENT_PLAIN = [(128, 128, 64, 8, 3, "tma"), (128, 128, 128, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma"),
+                    (128, 128, 64, 8, 3, "tma split")]
+
+
 def sweep_configs(n: int, k: int, t: int, sms: int):
     from tileinfer.backends.triton.linear_gemv import gemv_split_k
     from tileinfer.backends.triton.linear_int8 import Int8GemmConfig, Int8GemvConfig, gemm_int8_config, gemv_int8_config
 
     if t > 16:
+        # the rule's tile with Triton's cast, and the best two others of the last sweep (tiles_a1a4273)
         rule = gemm_int8_config(t, n, k, sms)
         yield Int8GemmConfig(**{**rule.__dict__, "bit_convert": False})
-        for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 128, 64, 8, 4), (64, 128, 128, 4, 3),
-                                 (128, 64, 128, 4, 3), (128, 256, 64, 8, 3), (64, 64, 128, 4, 4)]:
-            yield Int8GemmConfig(bm, bn, bk, 8, w, s)
-        for bm, bn, bk, w, s in [(128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (64, 128, 128, 4, 3), (128, 128, 64, 4, 3),
-                                 (128, 64, 128, 4, 3), (128, 256, 64, 8, 3), (64, 256, 64, 4, 3)]:
-            yield Int8GemmConfig(bm, bn, bk, 8, w, s, swap_ab=True)
+        yield Int8GemmConfig(128, 64, 128, 8, 4, 3, swap_ab=True)
+        yield Int8GemmConfig(128, 128, 64, 8, 8, 3)
+        yield from persistent_configs(Int8GemmConfig, t, n, k, sms, PERSISTENT_SWAPPED, swap_ab=True)
+        yield from persistent_configs(Int8GemmConfig, t, n, k, sms, PERSISTENT_PLAIN)
         return
     rule = gemv_int8_config(n, k, t, sms)
     yield Int8GemvConfig(**{**rule.__dict__, "bit_convert": False})
@@ -85,6 +106,8 @@ def sweep_configs(n: int, k: int, t: int, sms: int):
         split = gemv_split_k(n, k, bn, bk, sms)
         for sk in sorted({1, split, min(2 * split, -(-k // bk))}):
             yield Int8GemvConfig(bn, min(bk, k), sk, w, s)
+            if sk > 1:  # the partials added by the last split's program instead of a reduce kernel
+                yield Int8GemvConfig(bn, min(bk, k), sk, w, s, fused_reduce=True)
 
 
 def per_layer(args, bandwidth: float, sms: int) -> dict:
@@ -95,6 +118,8 @@ def per_layer(args, bandwidth: float, sms: int) -> dict:
     from tileinfer.backends.triton.linear_int8 import gemm_int8_config, gemv_int8_config, linear_int8
 
     records = []
+    gemlite_build, gemlite_what = gemlite_a16w8()
+    print(f"peer at T = {', '.join(map(str, GEMLITE_TOKENS))}: {gemlite_what}", flush=True)
     print(f"{'model':<11} {'layer':<15} {'N x K':>13} {'T':>5} {'int8 us':>8} {'bf16 us':>8} {'cublas':>8} "
           f"{'x bf16':>6} {'GB/s':>6} {'of copy':>7} {'TFLOP/s':>8} {'max err':>9}  config")
     for model in args.models:
@@ -104,6 +129,7 @@ def per_layer(args, bandwidth: float, sms: int) -> dict:
             int8 = [int8_weight(n, k, c) for c in range(copies)]
             bf16 = [(q.to(torch.bfloat16) * s[:, None].to(torch.bfloat16)) for q, s in int8[:max(2, copies // 2)]]
             out_dtype = torch.float32 if layer == "lm_head" else torch.bfloat16
+            peer_layers: list | str | None = None  # gemlite's linears of the int8 copies, built at first use
             for swiglu, name in [(False, layer)] + ([(True, "gate_up+swiglu")] if layer == "gate_up" else []):
                 for t in args.tokens:
                     x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
@@ -131,24 +157,56 @@ def per_layer(args, bandwidth: float, sms: int) -> dict:
                                speedup_vs_bf16=t_bf16 / t_int8, int8_gb_s=moved / t_int8 / 1e9,
                                copy_fraction=moved / t_int8 / bandwidth, int8_tflop_s=2 * t * n * k / t_int8 / 1e12,
                                max_abs_err=err, max_abs_ref=expected.float().abs().max().item(), config=cfg.__dict__)
-                    if args.sweep and not swiglu:
-                        rec["sweep"] = []
-                        for alt in sweep_configs(n, k, t, sms):
+                    if args.sweep and (not swiglu or t > 16):
+                        rec["sweep"] = sweep(lambda w, cfg: int8_fn(w, cfg), int8, sweep_configs(n, k, t, sms),
+                                             expected, moved, bandwidth, args.repeats)
+                    if gemlite_build and not swiglu and t in GEMLITE_TOKENS:
+                        if peer_layers is None:
                             try:
-                                s = rotated_seconds(lambda w, alt=alt: int8_fn(w, alt), int8, args.repeats)
-                            except Exception as e:  # noqa: BLE001 -- a tile that does not compile is reported
-                                rec["sweep"].append(dict(config=alt.__dict__, error=str(e).splitlines()[0][:200]))
-                                continue
-                            rec["sweep"].append(dict(config=alt.__dict__, us=s * 1e6, copy_fraction=moved / s / bandwidth))
+                                peer_layers = [gemlite_build(q, s) for q, s in int8]
+                            except Exception as e:  # noqa: BLE001 - recorded per row
+                                peer_layers = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+                        rec.update(gemlite_row(peer_layers, x, expected, args.repeats))
                     records.append(rec)
                     tf = f"{rec['int8_tflop_s']:8.1f}" if t > 16 else f"{'':8}"
                     print(f"{model:<11} {name:<15} {f'{n}x{k}':>13} {t:>5} {rec['int8_us']:8.1f} {rec['bf16_triton_us']:8.1f} "
                           f"{rec['cublas_bf16_us']:8.1f} {rec['speedup_vs_bf16']:6.2f} {rec['int8_gb_s']:6.0f} "
-                          f"{rec['copy_fraction']:7.1%} {tf} {err:9.2e}  {tuple(cfg.__dict__.values())}", flush=True)
+                          f"{rec['copy_fraction']:7.1%} {tf} {err:9.2e}  {tuple(cfg.__dict__.values())}"
+                          + (f"  gemlite {rec['gemlite_us']:.1f} us" if "gemlite_us" in rec else "")
+                          + (f"  gemlite: {rec['gemlite_error']}" if "gemlite_error" in rec else ""), flush=True)
                     for s in sorted((s for s in rec.get("sweep", []) if "us" in s), key=lambda s: s["us"])[:3]:
                         print(f"{'':>42} sweep {s['us']:8.1f} us {s['copy_fraction']:6.1%}  {tuple(s['config'].values())}")
-            del int8, bf16
-    return dict(sms=sms, results=records)
+            del int8, bf16, peer_layers
+    return dict(sms=sms, gemlite=gemlite_what, results=records)
+
+
+def gemlite_a16w8():
+    """``(build, what)``: ``build(q, scale)`` makes gemlite's A16W8 linear from an int8 weight
+    ``q`` ``[N, K]`` and its float32 scales ``[N]`` (a callable ``x [T, K] bf16 -> [T, N] bf16``),
+    ``what`` gemlite's version; or ``(None, why)`` where gemlite does not import."""
+    try:
+        import gemlite
+        from gemlite.helper import A16W8_INT8
+    except Exception as exc:  # noqa: BLE001 - any import failure is recorded as the reason
+        return None, f"gemlite does not import ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
+
+    def build(q: torch.Tensor, scale: torch.Tensor):
+        return A16W8_INT8(device=str(q.device), dtype=torch.bfloat16).from_weights(weight=q, scales=scale[:, None])
+
+    return build, f"gemlite {gemlite.__version__}"
+
+
+def gemlite_row(layers: list | str, x: torch.Tensor, expected: torch.Tensor, repeats: int) -> dict:
+    """gemlite's time per call over the rotated weight copies ``layers`` (as the INT8 Triton
+    linear's) and its max error against the twin's ``expected``; ``gemlite_error`` instead where
+    it was not built (``layers`` is then the reason) or failed."""
+    if isinstance(layers, str):
+        return {"gemlite_error": layers}
+    try:
+        err = (layers[0](x).float() - expected.float()).abs().max().item()
+        return {"gemlite_us": rotated_seconds(lambda g: g(x), layers, repeats) * 1e6, "gemlite_max_abs_err": err}
+    except Exception as e:  # noqa: BLE001 - a peer kernel that fails is reported, the sweep goes on
+        return {"gemlite_error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
 
 
 def step_fn(kind: str, x, layers, lm_head, final_norm, bf16: dict, q_dim: int):

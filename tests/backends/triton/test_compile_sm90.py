@@ -45,11 +45,13 @@ def jobs():
                   (False, True, False, False)]
     for use_dot, pdl, (swiglu, norm, residual, even_k) in itertools.product([False, True], [False, True], gemv_forms):
         cfg = L.gemv_config(2560, 4096, 16 if use_dot else 1)
+        fused = residual and use_dot  # o_proj / down at T >= 2: split K, the partials added by the last split
         consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, NORM=norm,
-                      NORM_K=HIDDEN if norm else 0, NORM_HALF=row_half if norm else 1, RESIDUAL=residual)
-        out.append(("gemv", base + "linear_gemv", "_gemv_kernel", consts, {"eps": "fp32"}, cfg.num_warps, cfg.num_stages,
-                    {}))
+                      NORM_K=HIDDEN if norm else 0, NORM_HALF=row_half if norm else 1, RESIDUAL=residual,
+                      FUSED_REDUCE=fused)
+        types = {"eps": "fp32", "lock_ptr": "*i32", **({"y_ptr": "*fp32"} if fused else {})}
+        out.append(("gemv", base + "linear_gemv", "_gemv_kernel", consts, types, cfg.num_warps, cfg.num_stages, {}))
     for swiglu, pdl in itertools.product([False, True], repeat=2):
         consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl, RESIDUAL=not swiglu)
         out.append(("reduce", base + "linear_gemv", "_splitk_reduce_kernel", consts, {"p_ptr": "*fp32"}, 4, 1, {}))

@@ -208,6 +208,26 @@ def test_split_k_gemv(T, out, swiglu):
         assert_close(y, expected)
 
 
+@pytest.mark.parametrize("T", [1, 2, 16])
+def test_fused_split_reduce_is_the_reduce_kernel_bit_for_bit(T):
+    """Split-K with the partials added by the last split's program (fused_reduce): the bits of the
+    reduce kernel, with the norm prologue, the residual and a float32 output, over N tails (N = 88
+    in 16-column blocks) and a partial last K chunk; the counters are left at 0 for the next launch."""
+    from tileinfer.backends.triton.linear_gemv import split_counters
+
+    dtype = torch.float16
+    N, K = 88, 136
+    plain = GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, num_stages=1)
+    fused = GemvConfig(block_n=16, block_k=32, split_k=3, num_warps=4, num_stages=1, fused_reduce=True)
+    x, w, nw, r = norm_residual_inputs(T, N, K, dtype, False, "fused-split")
+    for kw in (dict(norm_weight=nw, eps=EPS, residual=r), dict(out_dtype=torch.float32), {}):
+        out_dtype = kw.get("out_dtype", dtype)
+        y = linear(x, w, config=fused, out=poisoned((T, N), out_dtype), **kw)
+        assert_equal(y, linear(x, w, config=plain, out=poisoned((T, N), out_dtype), **kw))
+        assert not split_counters(x.device, 6).any()
+    assert_close(linear(x, w, config=fused), ref.linear(x, w, dtype))
+
+
 @pytest.mark.parametrize("T", [1, 7, 40])
 def test_gemv_and_gemm_with_explicit_tiles(T):
     """Tiles other than the rule's: several K chunks, unaligned K, M and N tails."""

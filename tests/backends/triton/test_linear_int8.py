@@ -150,6 +150,20 @@ def test_explicit_tiles_and_the_plain_conversion(T):
     assert_equal(y, run(x, q, scale, dtype, config=cast))
 
 
+@pytest.mark.parametrize("T", [1, 16])
+def test_fused_split_reduce_is_the_reduce_kernel_bit_for_bit(T):
+    """Split-K with the partials added by the last split's program: the reduce kernel's bits, with
+    the residual, over an N tail and a partial last K chunk."""
+    dtype = torch.float16
+    N, K = ODD
+    x, q, scale = random_int8(T, N, K, dtype, "fused-split")
+    r = torch.randn(T, N, generator=generator("fused-split-r", T), device=DEVICE).to(dtype)
+    plain, fused = (Int8GemvConfig(32, 32, 3, 4, 1, fused_reduce=f) for f in (False, True))
+    y = run(x, q, scale, dtype, config=fused, residual=r)
+    assert_equal(y, run(x, q, scale, dtype, config=plain, residual=r))
+    assert_close(run(x, q, scale, dtype, config=fused), ref_linear_int8(x, q, scale, dtype))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_swapped_gemm_tiles(dtype):
     """The GEMM computed transposed (``swap_ab``: q x^T) against the twin on odd shapes; its fused
