@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
-# The GPU machine (device tool) has no network and no omegaconf: carry its wheel.
+# The GPU machine (device tool) has no network and no omegaconf: carry its wheel, and the INT8
+# peers' packages (torchao 0.18.0's abi3 wheel, gemlite 0.6.0.post2's sdist: pure Python/Triton).
 #   here:  bash bench/device.sh wheels        # downloads into .whl/ (git-ignored via .git/info/exclude)
 #   there: source bench/device.sh setup       # installs the carried wheels and tileinfer, no network
-# Every device call names .whl in `carry` and starts with `source bench/device.sh setup`.
+# Every device call names .whl in `carry` and starts with `source bench/device.sh setup`. All of
+# .whl is about 4 MB (omegaconf 0.25, torchao 3.4, gemlite 0.18); a call carries 64 MiB in all.
+# A peer package that does not install there is a notice, not a failure: its rows then record why.
 case "${1:-}" in
   wheels)
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl omegaconf==2.4.0
-    ls .whl ;;
+      --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl omegaconf==2.4.0 torchao==0.18.0
+    python3 -m pip download -q --no-deps --no-binary :all: -d .whl gemlite==0.6.0.post2
+    ls -l .whl && du -sh .whl ;;
   setup)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    for sdist in .whl/*.tar.gz; do  # gemlite: built there, against the machine's own setuptools
+      [[ -e $sdist ]] || continue
+      python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site "$sdist" \
+        > /tmp/pip-sdist.log 2>&1 && continue
+      # a setuptools without bdist_wheel cannot build it; the package is pure Python: unpack it
+      pkg=$(basename "$sdist" .tar.gz)
+      tar xzf "$sdist" -C /tmp/site --strip-components=1 "$pkg/${pkg%%-*}" 2>/dev/null \
+        && echo "notice: $sdist unpacked into /tmp/site (pip could not build it: /tmp/pip-sdist.log)" \
+        || echo "notice: $sdist did not install: $(tail -1 /tmp/pip-sdist.log)"
+    done
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /tmp/pip-tileinfer.log 2>&1 \
       || { cat /tmp/pip-tileinfer.log; return 1 2>/dev/null || exit 1; }

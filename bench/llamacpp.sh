@@ -6,13 +6,21 @@
 # downloads the llama-cpp-python 0.3.36 sdist, keeps its vendored llama.cpp tree without the
 # models, docs and the ggml backends other than CPU and CUDA, and packs it as .peer/llama.cpp.tgz
 # (about 7 MB; .peer/ is ignored by git, carried to the GPU machine).
-# On the GPU machine (about 4 minutes of build, then about 1 minute per shape):
-#   run(command="COMMIT=abc1234 bash bench/llamacpp.sh bench Qwen3-0.6B Qwen3-4B", carry=[".peer", ".whl"])
+# On the GPU machine:
+#   run(command="COMMIT=abc1234 bash bench/llamacpp.sh bench Qwen3-0.6B", carry=[".peer", ".whl"])
+#   run(command="COMMIT=abc1234 bash bench/llamacpp.sh bench Qwen3-4B", carry=[".peer", ".whl"])
 # builds llama-bench (`build` alone does only that, e.g. in the background while the GPU is busy;
-# `bench` then reuses it) (CUDA, sm_90, Ninja), converts the same random checkpoint as bench/run.py uses
-# to a BF16 GGUF (bench/llamacpp_peer.py gguf), runs llama-bench at the matrix's sizes (pp1024 from an
-# empty cache; tg128 at depths 0 and 1024, flash attention, all layers on the GPU, 3 repetitions) and
-# writes the matrix's rows to $OUT/llamacpp/results.json (peer "llama.cpp").
+# `bench` then reuses it, also in a later call while the machine stays warm) (CUDA, sm_90, Ninja),
+# converts the same random checkpoint as bench/run.py uses to a BF16 GGUF and to a Q8_0 GGUF
+# (bench/llamacpp_peer.py gguf [--outtype q8_0]), runs llama-bench on each at the matrix's sizes
+# (pp1024 from an empty cache; tg128 at depths 0 and 1024, flash attention, all layers on the GPU,
+# 3 repetitions) and writes the matrix's rows to $OUT/llamacpp/results.json (peers "llama.cpp" and
+# "llama.cpp-q8_0"). TYPES="bf16" or TYPES="q8_0" measures one of them (default both).
+# Minutes (setup and checkpoint writing included): the build 4-6 (234 and 369 s measured); per
+# shape about 1 for BF16 (measured); Q8_0 adds its conversion (numpy on one core: 12 s for 0.6B on
+# this project's CPU, so about 80 s for 4B, estimated) and its llama-bench (about as long as
+# BF16's), so about 1 more at 0.6B and 2-3 at 4B (not yet measured there). Both shapes and both
+# types after a build may not fit one 10-minute call: one shape per call, as above.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
@@ -52,10 +60,20 @@ bench)
   source bench/device.sh setup || exit 1
   build=/tmp/llamacpp
   for shape in "$@"; do
-    python3 bench/llamacpp_peer.py gguf --shape "$shape" --tree "$build/llama.cpp" --out "$build/$shape.gguf"
-    "$build/out/bin/llama-bench" -m "$build/$shape.gguf" -p 1024 -n 128 -d 0,1024 -ngl 99 -fa 1 -r 3 -o json \
-      > "$build/$shape.json" 2> "$OUT/llamacpp/$shape.log"
-    cp "$build/$shape.json" "$OUT/llamacpp/$shape.bench.json"
+    for type in ${TYPES:-bf16 q8_0}; do
+      name=$shape && [[ $type == bf16 ]] || name=$shape.$type  # bench/llamacpp_peer.py records reads it
+      began=$SECONDS
+      if [[ ! -f $build/$name.gguf ]]; then  # written once per machine, under another name until complete
+        python3 bench/llamacpp_peer.py gguf --shape "$shape" --outtype "$type" --tree "$build/llama.cpp" \
+          --out "$build/$name.part.gguf" > "$OUT/llamacpp/$name.gguf.log" 2>&1 \
+          || { tail -5 "$OUT/llamacpp/$name.gguf.log"; exit 1; }
+        mv "$build/$name.part.gguf" "$build/$name.gguf"
+      fi
+      "$build/out/bin/llama-bench" -m "$build/$name.gguf" -p 1024 -n 128 -d 0,1024 -ngl 99 -fa 1 -r 3 -o json \
+        > "$build/$name.json" 2> "$OUT/llamacpp/$name.log"
+      cp "$build/$name.json" "$OUT/llamacpp/$name.bench.json"
+      echo "$shape $type: GGUF and llama-bench in $((SECONDS - began)) s"
+    done
   done
   python3 bench/llamacpp_peer.py records --commit "${COMMIT:?set COMMIT}" --out "$OUT/llamacpp/results.json" \
     "$OUT"/llamacpp/*.bench.json ;;

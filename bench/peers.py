@@ -13,6 +13,18 @@
   in place, and each step's attention is sized for the whole pool (``Step.max_context``) so that
   one graph serves every position. Prefill stays eager.
 
+The INT8 weight-only peers (bench/gpu_matrix.sh measures them beside our ``int8`` variant):
+
+- ``engine-compiled-int8``: ``engine-compiled`` with ``quantize=int8`` on the reference linear,
+  gpt-fast's int8 weight-only: int8 weights with one float32 scale per output channel, the
+  forward converting them to the activation dtype for one matmul (float32 accumulation) and
+  scaling its output (backends/reference/linear_int8.py), compiled as above;
+- ``hf-torchao-int8``: ``hf-static-compile`` with torchao's ``quantize_(model,
+  Int8WeightOnlyConfig())`` applied to the model on the device (every ``nn.Linear``, the lm_head
+  included: int8 weights, one scale per output channel; the embedding stays BF16). Where torchao
+  does not import, building the runner raises "cannot run: ..." and bench/run.py records the
+  row with that reason.
+
 Timing, as the engine's stats do it: a transformers streamer notes when each new token reaches the
 host; the prefill is the time from the (synchronized) call to the first token of a one-token
 ``generate``, decode tok/s the tokens after the first over the time from the first to the last.
@@ -31,8 +43,9 @@ import torch
 from tileinfer.interfaces import Step
 from workloads import EngineRunner, Workload, free_memory, random_prompt
 
-PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled")
-PER_CONTEXT = ("hf-static-compile", "engine-compiled")  # built (and compiled) per context; hf-sdpa once
+PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled", "engine-compiled-int8", "hf-torchao-int8")
+INT8_PEERS = ("engine-compiled-int8", "hf-torchao-int8")  # weight-only INT8: their roofline counts INT8 bytes
+PER_CONTEXT = ("hf-static-compile", "engine-compiled", *INT8_PEERS)  # built (and compiled) per context
 
 
 def token_arrivals(model, ids: torch.Tensor, new: int, **kwargs) -> list[float]:
@@ -65,16 +78,24 @@ class HFRunner:
 
     full_warm_up = True  # workloads.warm_up: a whole run first (first allocations, recompiles)
 
-    def __init__(self, folder: Path, device: torch.device, *, static: bool, max_cache_len: int) -> None:
+    def __init__(self, folder: Path, device: torch.device, *, static: bool, max_cache_len: int,
+                 quantize: str = "none") -> None:
+        """``quantize="torchao-int8"``: torchao's int8 weight-only on every Linear (see the module doc)."""
         import transformers
         from transformers import CompileConfig, GenerationConfig, Qwen3ForCausalLM
 
+        if quantize not in ("none", "torchao-int8"):
+            raise ValueError(f"unknown quantize {quantize!r}; valid: none, torchao-int8")
+        quantizer = torchao_int8() if quantize == "torchao-int8" else None  # before any weight loads
         transformers.utils.logging.disable_progress_bar()
         version = tuple(int(x) for x in transformers.__version__.split(".")[:2] if x.isdigit())
         dtype = {"dtype" if version >= (4, 56) else "torch_dtype": torch.bfloat16}
         self.device = device
         self.model = Qwen3ForCausalLM.from_pretrained(folder, attn_implementation="sdpa", **dtype)
         self.model = self.model.to(device).eval()
+        self.quantize = "int8" if quantizer else "none"
+        if quantizer:
+            quantizer(self.model)
         # greedy with no penalty, whatever the checkpoint's generation_config.json says
         self.kwargs: dict = {"do_sample": False, "repetition_penalty": 1.0, "pad_token_id": 0}
         if static:
@@ -103,13 +124,26 @@ class HFRunner:
         return decode
 
     def layout(self) -> dict:
-        return {}  # BF16 weights and KV: the roofline's defaults
+        return {"quantize": self.quantize}  # BF16 KV; BF16 or int8 weight-only linears
 
     def close(self) -> None:
         del self.model
         free_memory()
         if self.static:
             torch._dynamo.reset()
+
+
+def torchao_int8() -> Callable[[torch.nn.Module], None]:
+    """torchao's int8 weight-only as a function that quantizes a model in place: every
+    ``nn.Linear`` (``quantize_(model, Int8WeightOnlyConfig())``, one scale per output channel).
+    RuntimeError "cannot run: ..." where torchao does not import."""
+    try:
+        import torchao
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except Exception as exc:  # noqa: BLE001 - any import failure: the row records why
+        raise RuntimeError(f"cannot run: torchao does not import ({type(exc).__name__}: {exc})") from None
+    print(f"hf-torchao-int8: torchao {torchao.__version__}, quantize_(model, Int8WeightOnlyConfig())", flush=True)
+    return lambda model: quantize_(model, Int8WeightOnlyConfig())
 
 
 def _tensors(obj, depth: int = 5) -> Iterator[torch.Tensor]:
@@ -167,4 +201,8 @@ def runner(peer: str, folder: Path, device: torch.device, *, kv_capacity: int, d
         return HFRunner(folder, device, static=True, max_cache_len=kv_capacity)
     if peer == "engine-compiled":
         return CompiledEngineRunner(folder, device_override, kv_capacity)
+    if peer == "engine-compiled-int8":
+        return CompiledEngineRunner(folder, [*device_override, "quantize=int8"], kv_capacity)
+    if peer == "hf-torchao-int8":
+        return HFRunner(folder, device, static=True, max_cache_len=kv_capacity, quantize="torchao-int8")
     raise ValueError(f"unknown peer {peer!r}; valid: {', '.join(PEERS)}")

@@ -11,7 +11,9 @@ writes results.json, results.md and (with matplotlib) results.png under --out fr
 Tables, one section per shape: (1) the summary (default and the quantized variants: prefill ms and
 TFLOP/s, decode tok/s and fraction of the roofline), (2) the ablation (every variant and the gain
 of the feature it switches off: default over the variant, > 1 when the feature helps), (3) the
-CUDA-graph chain, (4) the peers (their figures and our default's speed over theirs). Every gain
+CUDA-graph chain, (4) the peers (their figures and our default's speed over theirs; a peer that
+could not run shows its reason in its cells, one of bench/peers.py that has no row at all is named
+below the table, and peers recorded by other scripts, e.g. llama.cpp, follow them). Every gain
 divides by the default measured in the same part (run); where a part measured no default, or the
 two rows of a chain step come from different parts, the gain is left blank.
 """
@@ -45,11 +47,11 @@ def _num(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 0.01 else f"{v:.3g}"
 
 
-def _cell(row: dict | None, *, fraction: bool = True) -> str:
+def _cell(row: dict | None, *, fraction: bool = True, note_chars: int = 100) -> str:
     if row is None:
         return ""
     if row["value"] is None:
-        return f"– ({(row['note'] or 'not run')[:100]})"
+        return f"– ({(row['note'] or 'not run')[:note_chars]})"
     text = f"{_num(row['value'])} {row['unit']}"
     if fraction and row["roofline_fraction"] is not None:
         text += f" ({row['roofline_fraction']:.1%})"
@@ -141,15 +143,18 @@ def _shape_tables(shape: str, rows: list[dict], names: list[str]) -> str:
         out.append(f"### CUDA graphs ({GRAPH_WORKLOAD}; gain: over the row above, blank across parts)\n\n"
                    + _table(["kernels", "decode steps", "variant", "tok/s", "gain"], graph_rows))
     peer_rows = []
+    peers = [*PEERS, *dict.fromkeys(r["peer"] for r in rows if r["peer"] and r["peer"] not in PEERS)]
     for part in dict.fromkeys(r.get("part") for r in rows if r["peer"]):
         mine = {(r["peer"], r["workload"]): r for r in rows if r["peer"] and r.get("part") == part}
         label = "default" + (f" ({part})" if part is not None else "")
         peer_rows.append([label, *(_cell(defaults.get((part, n)), fraction=False) for n in names)])
-        peer_rows += [[p, *(_cell(mine.get((p, n)), fraction=False) + gain(mine.get((p, n))) for n in names)]
-                      for p in PEERS if any(k[0] == p for k in mine)]
+        peer_rows += [[p, *(_cell(mine.get((p, n)), fraction=False, note_chars=200) + gain(mine.get((p, n)))
+                            for n in names)] for p in peers if any(k[0] == p for k in mine)]
     if peer_rows:
+        absent = [p for p in PEERS if not any(r["peer"] == p for r in rows)]
         out.append("### Peers (x: our default's speed over theirs)\n\n" + _table(["peer", *names], peer_rows)
-                   + "\n\n" + GAIN_NOTE)
+                   + "\n\n" + GAIN_NOTE
+                   + (f"\n\nNot measured (no row in these results): {', '.join(absent)}." if absent else ""))
     return "\n\n".join(out)
 
 

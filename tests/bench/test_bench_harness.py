@@ -68,23 +68,46 @@ def test_timing_on_a_cpu():
     assert timing.host_seconds(lambda: None, calls=3) >= 0
 
 
-def test_gpu_matrix_parts_cover_every_variant_and_peer_once_per_shape():
+def gpu_matrix_parts() -> dict[str, tuple[str, list[str], list[str]]]:
+    """``bash bench/gpu_matrix.sh --list``: part -> (shape, names, workloads; [] for all four)."""
     import subprocess
-
-    from peers import PEERS
-    from variants import VARIANTS
 
     root = Path(__file__).resolve().parents[2]
     listed = subprocess.run(["bash", "bench/gpu_matrix.sh", "--list"], cwd=root, capture_output=True, text=True,
                             check=True).stdout.splitlines()
-    rows: dict[str, list[str]] = {}
+    parts = {}
     for line in listed:
-        part, shape, first, *names = line.split()
-        assert first == "default", line  # every part measures its baseline
+        rows, _, chosen = line.partition(" | ")
+        part, shape, *names = rows.split()
+        parts[part] = (shape, names, chosen.split())
+    return parts
+
+
+def test_gpu_matrix_parts_cover_every_variant_and_peer_once_per_shape():
+    from peers import PEERS
+    from variants import VARIANTS
+
+    rows: dict[str, list[str]] = {}
+    for part, (shape, (first, *names), _) in gpu_matrix_parts().items():
+        assert first == "default", part  # every part measures its baseline
         rows.setdefault(shape, []).extend(names)
     assert set(rows) == set(run.GPU_SHAPES)
     for shape, names in rows.items():
         assert sorted(names) == sorted(n for n in [*VARIANTS, *PEERS] if n != "default"), shape
+
+
+def test_gpu_matrix_measures_the_int8_peers_beside_our_int8_at_the_int8_targets_workloads():
+    """One part per shape holds our INT8 weights and every INT8 peer, at prefill1024 and
+    decode128_ctx1024 only (the INT8 targets), so that they are measured in the same run."""
+    from peers import INT8_PEERS
+    from workloads import NAMES
+
+    int8_parts = {shape: (names, chosen) for shape, names, chosen in gpu_matrix_parts().values() if "int8" in names}
+    assert set(int8_parts) == set(run.GPU_SHAPES)
+    for shape, (names, chosen) in int8_parts.items():
+        assert names == ["default", "int8", *INT8_PEERS], shape
+        assert chosen == ["prefill1024", "decode128_ctx1024"] and set(chosen) <= set(NAMES), shape
+    assert all(not chosen for _, names, chosen in gpu_matrix_parts().values() if "int8" not in names)
 
 
 def test_long_prompt_ttft_workloads_are_prefills_outside_the_default_matrix():
