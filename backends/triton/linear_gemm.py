@@ -10,7 +10,10 @@ and T), not run-time autotuning. SwiGLU: the program of output tile (m, n) compu
 at weight rows n and the up tile at rows I + n with the same code, rounds each to the output dtype
 as the plain store would and applies :func:`silu_mul_f32`; the residual epilogue is ``round(y +
 r)`` as add.py. Hence bit-identical to the per-op chain where the gate and up tiles are the plain
-kernel's tiles (``I`` a multiple of BLOCK_N, as the rule gives for the Qwen3 shapes).
+kernel's tiles (``I`` a multiple of BLOCK_N, as the rule gives for the Qwen3 shapes). A config with
+``persistent`` takes the persistent kernel of linear_gemm_persistent.py instead (a grid of one
+program per SM looping over the tiles, TMA descriptors, split tails; the same tile code and
+epilogue).
 """
 
 from __future__ import annotations
@@ -28,12 +31,38 @@ from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
 
 @dataclass(frozen=True)
 class GemmConfig:
+    """Tiles of the GEMM. The fields after ``num_stages`` select the persistent kernel of
+    linear_gemm_persistent.py (``persistent``) and its options: ``tma`` (x and weight tiles through
+    TMA descriptors), ``flatten`` (``tl.range``'s, on the tile loop: the next tile's loads may be
+    issued during this one's epilogue), ``split_rows`` / ``split_k`` (the last row blocks computed
+    in ranges of K; ``split_plan`` is the rule) and ``programs`` (the grid; 0: one per SM)."""
+
     block_m: int
     block_n: int
     block_k: int
     group_m: int
     num_warps: int
     num_stages: int
+    persistent: bool = False
+    tma: bool = False
+    flatten: bool = False
+    split_rows: int = 0
+    split_k: int = 1
+    programs: int = 0
+
+    def __post_init__(self):
+        check_persistent_options(self)
+
+
+def check_persistent_options(cfg) -> None:
+    """The persistent kernel's options are set only with ``persistent``, and are in range."""
+    options = dict(tma=cfg.tma, flatten=cfg.flatten, split_rows=cfg.split_rows, split_k=cfg.split_k != 1,
+                   programs=cfg.programs)
+    set_without = [k for k, v in options.items() if v and not cfg.persistent]
+    assert not set_without, f"{', '.join(set_without)} need persistent=True: {cfg}"
+    assert cfg.split_rows >= 0 and cfg.split_k >= 1 and cfg.programs >= 0, f"bad split or programs: {cfg}"
+    # the split tail's epilogue branches; Triton 3.6 fails to flatten a loop with an if in it
+    assert not (cfg.flatten and cfg.split_rows), f"flatten and split_rows exclude each other: {cfg}"
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, relative throughput of one tile's MMAs).
@@ -158,8 +187,11 @@ def _gemm_kernel(
 def launch_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None,
                 cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool) -> None:
     """The GEMM of ``linear`` (T > 16) on checked (and already normalized) arguments: one launch
-    of ``_gemm_kernel``. ``i_off``: the first up row of a SwiGLU weight (else 0); ``dot_f32``:
-    float32 dot operands (the interpreter)."""
+    of ``_gemm_kernel``, or of the persistent kernel (``cfg.persistent``). ``i_off``: the first up
+    row of a SwiGLU weight (else 0); ``dot_f32``: float32 dot operands (the interpreter)."""
+    if cfg.persistent:
+        gemm_persistent.launch_gemm_persistent(x, w, None, out, residual, cfg, n_out, i_off, swiglu, dot_f32)
+        return
     M, K = x.shape
     r = residual if residual is not None else out
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(n_out, cfg.block_n),)
@@ -170,4 +202,9 @@ def launch_gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, residual: t
                        enable_fp_fusion=True)
 
 
-__all__ = ["GEMM_TILES", "GemmConfig", "cheapest_gemm_tile", "gemm_config", "gemm_tile", "launch_gemm", "store_gemm"]
+# Imported last: the persistent kernel's module takes store_gemm from this one (either may be
+# imported first).
+from tileinfer.backends.triton import linear_gemm_persistent as gemm_persistent  # noqa: E402
+
+__all__ = ["GEMM_TILES", "GemmConfig", "check_persistent_options", "cheapest_gemm_tile", "gemm_config", "gemm_tile",
+           "launch_gemm", "store_gemm"]

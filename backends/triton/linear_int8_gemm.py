@@ -15,6 +15,9 @@ rows of BLOCK_K = 128 bytes for the smaller tiles (a full 128-byte line per row)
 computes the tile transposed (``q x^T``): the converted weight is then the dot's first operand,
 which Hopper's tensor cores read from registers, while x is staged in shared memory by the
 pipeliner as in the BF16 GEMM. Under the interpreter the dot operands are float32 (``DOT_F32``).
+A config with ``persistent`` takes the persistent kernel of linear_gemm_persistent.py instead (the
+BF16 one with ``INT8``: int8 weight tiles staged in shared memory by TMA or cp.async, converted
+after the shared-memory load).
 """
 
 from __future__ import annotations
@@ -28,12 +31,21 @@ import triton.language as tl
 
 from tileinfer.backends.triton.device_functions import round_to, silu_mul_f32
 from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
-from tileinfer.backends.triton.linear_gemm import cheapest_gemm_tile, gemm_tile, store_gemm
+from tileinfer.backends.triton.linear_gemm import (
+    check_persistent_options,
+    cheapest_gemm_tile,
+    gemm_persistent,
+    gemm_tile,
+    store_gemm,
+)
 from tileinfer.backends.triton.linear_int8_gemv import int8_to
 
 
 @dataclass(frozen=True)
 class Int8GemmConfig:
+    """Tiles of the W8A16 GEMM; ``persistent`` and the fields after it as ``GemmConfig``'s
+    (linear_gemm.py): the persistent kernel of linear_gemm_persistent.py and its options."""
+
     block_m: int
     block_n: int
     block_k: int
@@ -42,6 +54,15 @@ class Int8GemmConfig:
     num_stages: int
     bit_convert: bool = True  # int8 -> float by bit patterns (False: Triton's cast)
     swap_ab: bool = False  # the converted weight tile as the dot's first operand (y^T = q x^T)
+    persistent: bool = False
+    tma: bool = False
+    flatten: bool = False
+    split_rows: int = 0
+    split_k: int = 1
+    programs: int = 0
+
+    def __post_init__(self):
+        check_persistent_options(self)
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, relative throughput of one tile's MMAs): the
@@ -130,7 +151,10 @@ def launch_gemm_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out:
                      residual: torch.Tensor | None, cfg: Int8GemmConfig, n_out: int, i_off: int, swiglu: bool,
                      dot_f32: bool) -> None:
     """The GEMM of ``linear_int8`` (T > 16) on checked (and already normalized) arguments: one
-    launch of ``_gemm_int8_kernel``."""
+    launch of ``_gemm_int8_kernel``, or of the persistent kernel (``cfg.persistent``)."""
+    if cfg.persistent:
+        gemm_persistent.launch_gemm_persistent(x, q, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32)
+        return
     M, K = x.shape
     r = residual if residual is not None else out
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(n_out, cfg.block_n),)

@@ -91,6 +91,9 @@ PERSISTENT_TILES = [
 ]
 
 
+PERSISTENT_FIELDS = ("persistent", "tma", "flatten", "split_rows", "split_k", "programs")
+
+
 def persistent_configs(cls, t: int, n: int, k: int, sms: int, tiles, **fixed):
     """``cls`` (GemmConfig / Int8GemmConfig) persistent configs of ``tiles`` for a GEMM of ``t`` rows
     on an ``[n, k]`` weight; the split ones with ``split_plan``'s rows and K splits, skipped where
@@ -149,6 +152,22 @@ def sweep(fn, weights, configs, expected: torch.Tensor, moved: int, bandwidth: f
     return rows
 
 
+def print_best(rows: list[dict], best: int = 3) -> None:
+    """The ``best`` fastest swept configs of a row (the persistent GEMM's named by its options), and
+    the fastest persistent one if it is not among them; errors are counted."""
+    timed = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+    shown = timed[:best] + [r for r in timed[best:] if r["config"].get("persistent")][:1]
+    for r in shown:
+        c = r["config"]
+        name = tuple(v for k, v in c.items() if k not in PERSISTENT_FIELDS)
+        if c.get("persistent"):
+            name = f"{name} persistent" + "".join(f" {k}" for k in ("tma", "flatten") if c[k])
+            name += f" split {c['split_rows']}x{c['split_k']}" if c["split_rows"] else ""
+        print(f"{'':>42} sweep {r['us']:8.1f} us {r['copy_fraction']:6.1%} err {r['max_abs_err']:.1e}  {name}")
+    if len(timed) < len(rows):
+        print(f"{'':>42} sweep: {len(rows) - len(timed)} configs failed (their errors are in the record)")
+
+
 def per_layer(args, bandwidth: float, sms: int) -> dict:
     from tileinfer.backends.reference.linear import linear as ref_linear
     from tileinfer.backends.reference.silu_mul import silu_mul as ref_silu_mul
@@ -201,8 +220,7 @@ def per_layer(args, bandwidth: float, sms: int) -> dict:
                           f"{rec['cublas_us']:10.1f} {rec['triton_gb_s']:7.0f} {rec['copy_fraction']:7.1%} {tf} "
                           f"{err:9.2e}  {tuple(cfg.__dict__.values())}"
                           + (f"  eager {rec['triton_eager_us']:.1f} us" if t_eager else ""), flush=True)
-                    for s in sorted((s for s in rec.get("sweep", []) if "us" in s), key=lambda s: s["us"])[:3]:
-                        print(f"{'':>42} sweep {s['us']:8.1f} us {s['copy_fraction']:6.1%}  {tuple(s['config'].values())}")
+                    print_best(rec.get("sweep", []))
             del weights
     gemv = [r for r in records if r["T"] <= 16 and not r["swiglu"]]
     if gemv:

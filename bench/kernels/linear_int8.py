@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import op_benchmark  # noqa: E402
-from linear import layer_shapes, persistent_configs, rotated_seconds, run, sweep  # noqa: E402
+from linear import layer_shapes, persistent_configs, print_best, rotated_seconds, run, sweep  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 from timing import graph_seconds  # noqa: E402
 
@@ -174,8 +174,7 @@ def per_layer(args, bandwidth: float, sms: int) -> dict:
                           f"{rec['copy_fraction']:7.1%} {tf} {err:9.2e}  {tuple(cfg.__dict__.values())}"
                           + (f"  gemlite {rec['gemlite_us']:.1f} us" if "gemlite_us" in rec else "")
                           + (f"  gemlite: {rec['gemlite_error']}" if "gemlite_error" in rec else ""), flush=True)
-                    for s in sorted((s for s in rec.get("sweep", []) if "us" in s), key=lambda s: s["us"])[:3]:
-                        print(f"{'':>42} sweep {s['us']:8.1f} us {s['copy_fraction']:6.1%}  {tuple(s['config'].values())}")
+                    print_best(rec.get("sweep", []))
             del int8, bf16, peer_layers
     return dict(sms=sms, gemlite=gemlite_what, results=records)
 
