@@ -5,9 +5,10 @@
 #
 #   check     what                                                                         minutes
 #   steps     bench/step_costs.py (default and no-pdl, with kernel profiles), bench/pdl_probe.py  5
-#   sweeps    GEMV/GEMM tiles at T = 1, 2, 16, 1,024 (bench/kernels/linear.py and linear_int8.py
-#             --sweep, with the fused split-K reduce and the persistent GEMMs), the int8 decode
+#   gemv      GEMV tiles at T = 1, 2, 16 (bench/kernels/linear.py and linear_int8.py --sweep, with
+#             the fused split-K reduce; gemlite's A16W8 beside the int8 rows), the int8 decode
 #             attention with and without its tile prefetch (paged_attention.py --int8-prefetch)      8
+#   gemm      prefill GEMM tiles at T = 1,024, the persistent GEMMs among them (both scripts)       9
 #   spec      bench/speculative.py on the shipped family (device loop; every proposer's best k) and
 #             bench/dflash_step.py (one DFlash step at the Qwen3-4B shape against a decode step)   6
 #   ttft      bench/run.py default and no-cuda-graphs at prefill1024 (both shapes), and
@@ -20,10 +21,10 @@
 # Environment: COMMIT (required), CHECK_S (seconds a check may run; default 560).
 set -u
 export PYTHONUNBUFFERED=1
-usage() { echo "usage: bash bench/gpu_checks.sh CHECK   (CHECK: steps, sweeps, spec or ttft; see the top of this file)" >&2; exit 2; }
+usage() { echo "usage: bash bench/gpu_checks.sh CHECK   (CHECK: steps, gemv, gemm, spec or ttft; see the top of this file)" >&2; exit 2; }
 (( $# == 1 )) || usage
 check=$1
-[[ $check =~ ^(steps|sweeps|spec|ttft)$ ]] || usage
+[[ $check =~ ^(steps|gemv|gemm|spec|ttft)$ ]] || usage
 : "${OUT:?OUT: the folder whose files come back (set by the device tool)}"
 [[ -n ${COMMIT:-} ]] || { echo "error: set COMMIT=<short hash of the commit checked out here>" >&2; exit 2; }
 source bench/device.sh setup || exit 1
@@ -38,13 +39,18 @@ steps)
     > "$dir/step_costs.log" 2>&1; grep -E "T= ?[0-9]+ " "$dir/step_costs.log" | head -40
   step 240 python3 bench/pdl_probe.py --out "$dir/pdl_probe.json" > "$dir/pdl_probe.log" 2>&1
   cat "$dir/pdl_probe.log" | grep "T=" ;;
-sweeps)
-  step 200 python3 bench/kernels/linear.py --sweep --tokens 2,16,1024 --repeats 20 --out "$dir" > "$dir/linear.log" 2>&1
+gemv)
+  step 200 python3 bench/kernels/linear.py --sweep --tokens 2,16 --repeats 20 --out "$dir" > "$dir/linear.log" 2>&1
   grep -vE "^\s*$" "$dir/linear.log" | tail -40 | cut -c1-150
-  step 200 python3 bench/kernels/linear_int8.py --sweep --tokens 1,16,1024 --repeats 20 --out "$dir" \
+  step 200 python3 bench/kernels/linear_int8.py --sweep --tokens 1,16 --repeats 20 --out "$dir" \
     > "$dir/linear_int8.log" 2>&1; grep -vE "^\s*$" "$dir/linear_int8.log" | tail -40 | cut -c1-150
   step 120 python3 bench/kernels/paged_attention.py --kv bf16,int8 --contexts 8192,32768 --int8-prefetch --out "$dir" \
     > "$dir/paged_attention.log" 2>&1; grep -E "int8/bf16" "$dir/paged_attention.log" ;;
+gemm)
+  step 270 python3 bench/kernels/linear.py --sweep --tokens 1024 --repeats 20 --out "$dir" > "$dir/linear.log" 2>&1
+  grep -vE "^\s*$" "$dir/linear.log" | tail -40 | cut -c1-150
+  step 270 python3 bench/kernels/linear_int8.py --sweep --tokens 1024 --repeats 20 --out "$dir" \
+    > "$dir/linear_int8.log" 2>&1; grep -vE "^\s*$" "$dir/linear_int8.log" | tail -40 | cut -c1-150 ;;
 spec)
   step 330 python3 bench/speculative.py --device cuda --new-tokens 256 --repeats 3 --k ngram=7,15 --k draft=3,7 \
     --k dflash=7,15 --commit "$COMMIT" --out "$dir/speculative_target.json" > "$dir/speculative.log" 2>&1

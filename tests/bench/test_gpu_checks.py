@@ -15,13 +15,13 @@ SCRIPT = ROOT / "bench" / "gpu_checks.sh"
 def test_a_bad_check_is_refused():
     proc = subprocess.run(["bash", str(SCRIPT), "everything"], capture_output=True, text=True, cwd=ROOT,
                           env={"OUT": "/tmp", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "steps, sweeps, spec or ttft" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "steps, gemv, gemm, spec or ttft" in proc.stderr
 
 
 def test_every_script_and_option_exists():
     text = SCRIPT.read_text()
     calls = re.findall(r"python3 (bench/\S+\.py)((?:[^\n]|\\\n)*)", text)
-    assert len(calls) == 9
+    assert len(calls) == 11
     for path, rest in calls:
         assert (ROOT / path).is_file(), path
         helptext = subprocess.run([sys.executable, str(ROOT / path), "--help"], capture_output=True, text=True,
