@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection, Sequence
 
 import torch
 
+from tileinfer.graph_capture import warm_up
 from tileinfer.interfaces import DeviceSequence, KVStore, Proposer, Sampler, Step
 from tileinfer.model import Qwen3Model
 from tileinfer.speculative import finite_or
@@ -191,13 +192,8 @@ class SpeculativeLoop:
         self.proposer.start_on_device(seq, room)
         for k in self.k_values:
             seq.length.fill_(2)
-            if cuda:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    self._step(k)
-                torch.cuda.current_stream().wait_stream(side)
-                seq.length.fill_(2)
+            warm_up(lambda k=k: self._step(k), seq.tokens.device)
+            seq.length.fill_(2)
             self.graphs[k], _ = self._capture(lambda k=k: self._step(k), pool)
             seq.length.fill_(2)
         if cuda:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tileinfer.graph_capture import warm_up
 from tileinfer.interfaces import KVStore, Step
 from tileinfer.model import Qwen3Model
 
@@ -162,14 +163,7 @@ class PrefillGraphs:
     def _record(self, bucket: int, graph: _Graph, start: int) -> None:
         cuda = self.model.device.type == "cuda"
         began = time.perf_counter()
-        if cuda:  # warm up on a side stream: kernel compilation and library handles stay out of the graph
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._step(graph, start)
-            torch.cuda.current_stream().wait_stream(side)
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # the warm-up's activations: the pool may take that memory
+        warm_up(lambda: self._step(graph, start), self.model.device, release=True)
         before = torch.cuda.memory_reserved() if cuda else 0
         graph.replay, graph.outputs = self._capture(lambda: self._step(graph, start), self._pool)
         if cuda:

@@ -24,6 +24,7 @@ from typing import Union
 
 import torch
 
+from tileinfer.graph_capture import cuda_graph_capture, warm_up
 from tileinfer.interfaces import KVStore, Step
 from tileinfer.model import Qwen3Model
 from tileinfer.prefill_graphs import PrefillGraphs, use_prefill_graphs
@@ -48,14 +49,6 @@ class EagerSteps:
 
     def report(self) -> str:
         return "eager steps"
-
-
-def cuda_graph_capture(fn: Callable[[], Outputs], pool) -> tuple[Callable[[], None], Outputs]:
-    """Capture ``fn`` into a CUDA graph: returns its replay and its static outputs."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = fn()
-    return graph.replay, outputs
 
 
 class GraphedSteps:
@@ -117,12 +110,7 @@ class GraphedSteps:
         cuda = self.model.device.type == "cuda"
         began = time.perf_counter()
         before = torch.cuda.memory_allocated() if cuda else 0
-        if cuda:  # warm up on a side stream: kernel compilation and library handles stay out of the graph
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._step(t, start)
-            torch.cuda.current_stream().wait_stream(side)
+        warm_up(lambda: self._step(t, start), self.model.device)
         self.graphs[t] = self._capture(lambda: self._step(t, start), self._pool)
         if cuda:
             torch.cuda.synchronize()

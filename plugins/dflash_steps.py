@@ -28,6 +28,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
+from tileinfer.graph_capture import warm_up
 from tileinfer.interfaces import KVStore, Step
 from tileinfer.plugins.dflash_model import DFlashDrafter
 from tileinfer.steps import MAX_GRAPH_TOKENS
@@ -148,12 +149,7 @@ class DFlashSteps:
         cuda = self.drafter.device.type == "cuda"
         began = time.perf_counter()
         before = torch.cuda.memory_allocated() if cuda else 0
-        if cuda:  # warm up on a side stream: kernel compilation and library handles stay out of the graph
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
+        warm_up(fn, self.drafter.device)
         self.graphs[name] = self._capture(fn, self._pool)
         if cuda:
             torch.cuda.synchronize()
