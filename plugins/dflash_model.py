@@ -18,9 +18,9 @@ arithmetic of dflash/model.py):
   ``s + j``.
 
 Two kinds of step, each of fixed shape so that it can be replayed from a CUDA graph
-(plugins/dflash_steps.py): ``write_context`` sends the new context rows through each layer's
-attention with a zero query (whose output is dropped), so that the attention implementation
-writes their keys and values in its own page format; ``block_logits`` runs the block as one
+(plugins/dflash_steps.py): ``write_context`` hands the new context rows to each layer's
+``Attention.write_kv`` (a zero query per row, never attended with), so that the attention
+implementation writes their keys and values in its own page format; ``block_logits`` runs the block as one
 non-causal step. The caller crops the block's keys and values (``KVStore.truncate``) afterwards,
 or lets the next step rewrite them.
 """
@@ -108,14 +108,14 @@ class DFlashDrafter:
     def write_context(self, context: torch.Tensor, step: Step, kv: KVStore) -> None:
         """Cache ``context`` (``[n, H]``, ``project``'s output, ``n == step.num_tokens``) at the
         step's positions: ``hidden_norm`` and the k/v projections of every layer (one Linear),
-        then each layer's attention with a zero query per row, which writes the keys (k-norm,
-        RoPE) and values in the store's page format; its output is dropped. ``kv`` must hold pages
-        for the step's positions."""
+        then each layer's ``Attention.write_kv`` (with a zero query per row, which it does not
+        attend with), which writes the keys (k-norm, RoPE) and values in the store's page format.
+        ``kv`` must hold pages for the step's positions."""
         context_kv = self.context_kv(context)  # [n, layers * 2 Hkv D]
         zero_q = context.new_zeros(context.shape[0], self.q_width)
         w = self.kv_width
         for i, layer in enumerate(self.layers):
-            layer.attention(torch.cat([zero_q, context_kv[:, i * w:(i + 1) * w]], dim=-1), step, kv)
+            layer.attention.write_kv(torch.cat([zero_q, context_kv[:, i * w:(i + 1) * w]], dim=-1), step, kv)
 
     def block_logits(self, block: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         """Run ``block`` (``[B]`` int64 token ids) at the step's positions, a non-causal step

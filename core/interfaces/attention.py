@@ -119,3 +119,10 @@ class Attention(Pluggable, ABC):
     @abstractmethod
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         """``qkv`` ``[T, qkv_size]`` -> ``[T, num_heads * head_dim]``; writes the step into ``kv``."""
+
+    def write_kv(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> None:
+        """Only the keys and values of ``qkv`` (k-norm, RoPE at the step's positions) into ``kv``,
+        exactly as ``__call__`` writes them, with no attention (a block drafter caches rows that
+        never query: DFlash's context). This default calls ``__call__`` and drops its output; an
+        implementation skips the queries and the attention."""
+        self(qkv, step, kv)

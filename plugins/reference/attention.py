@@ -29,15 +29,25 @@ class ReferenceAttention(Attention):
                choices=("auto", "fused", "materialized")),
     )
 
-    def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+    def write_kv(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> None:
+        self._write(qkv, step, kv)
+
+    def _write(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's keys and values written through ``KVStore.write``; returns ``(q, cos, sin)``:
+        the raw queries ``[T, H, D]`` and the step's RoPE rows."""
         spec = self.spec
         t, d = qkv.shape[0], spec.head_dim
         q, k, v = qkv.split([spec.num_heads * d, spec.num_kv_heads * d, spec.num_kv_heads * d], dim=-1)
-        q = rms_norm(q.reshape(t, spec.num_heads, d), self.q_norm_weight, spec.rms_norm_eps)
         k = rms_norm(k.reshape(t, spec.num_kv_heads, d), self.k_norm_weight, spec.rms_norm_eps)
         cos, sin = self.rope.cos[step.positions], self.rope.sin[step.positions]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        kv.write(self.layer, step.positions, k, v.reshape(t, spec.num_kv_heads, d))
+        kv.write(self.layer, step.positions, apply_rope(k, cos, sin), v.reshape(t, spec.num_kv_heads, d))
+        return q.reshape(t, spec.num_heads, d), cos, sin
+
+    def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
+        spec = self.spec
+        t, d = qkv.shape[0], spec.head_dim
+        q, cos, sin = self._write(qkv, step, kv)
+        q = apply_rope(rms_norm(q, self.q_norm_weight, spec.rms_norm_eps), cos, sin)
         smooth = kv.layer(self.layer).k_smooth
         if smooth is not None:  # the cache holds k / smooth: scale the query instead
             q = (q.float() * smooth).to(q.dtype)

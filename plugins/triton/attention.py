@@ -91,6 +91,9 @@ class TritonAttention(Attention):
                             spec.head_dim, spec.rms_norm_eps, k_scale=pages.k_scale, v_scale=pages.v_scale,
                             k_smooth=pages.k_smooth, pdl=self.pdl)
 
+    def write_kv(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> None:
+        self.inputs(qkv, step, kv)  # the fused kernel's q heads come along; no attention runs
+
     def __call__(self, qkv: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         spec, pages = self.spec, kv.layer(self.layer)
         q = self.inputs(qkv, step, kv)

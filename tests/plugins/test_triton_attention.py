@@ -152,3 +152,31 @@ def test_a_head_size_the_kernels_do_not_take_is_one_error_at_load(checkpoint_fac
                                           "of two >= 16"):
         tileinfer.Engine.from_config(model=str(folder), device="cpu", dtype="float32", attention="triton",
                                      progress=False)
+
+
+@pytest.mark.parametrize("start,t", [(0, 40), (40, 1), (47, 16)], ids=["prefill", "decode", "verify"])
+@pytest.mark.parametrize("name", STORES)
+def test_write_kv_writes_what_a_call_writes(registry, name, start, t):
+    """``Attention.write_kv`` (keys and values only, no attention) leaves the pages a whole call
+    leaves, bit for bit, for the Triton and the reference attention and the base class's default."""
+    spec, dtype = CPU_SPEC, torch.float32
+    g = torch.Generator().manual_seed(3 * start + t)
+    q_w = torch.rand(spec.head_dim, generator=g).add(0.5).to(DEVICE, dtype)
+    qkv = torch.randn(t, spec.qkv_size, generator=g).to(DEVICE, dtype)
+    rope = rope_table(spec.head_dim, 1e6, start + t, torch.device(DEVICE))
+    step = Step.at(start, t, torch.device(DEVICE))
+
+    class CallOnly(ReferenceAttention):  # a plugin with only __call__: the interface's default write_kv
+        write_kv = tileinfer.interfaces.Attention.write_kv
+
+    for cls, options in ((TritonAttention, {"pdl": False, "fuse_inputs": True, "attend": "paged"}),
+                         (ReferenceAttention, {"scores": "fused"}), (CallOnly, {"scores": "fused"})):
+        stores, k_norm = filled_stores(registry, name, spec, dtype, start, t, 11 * start + t)
+        attention = cls(spec, layer=0, q_norm_weight=q_w, k_norm_weight=k_norm, rope=rope, options=options)
+        attention(qkv, step, stores[0])
+        assert attention.write_kv(qkv, step, stores[1]) is None
+        for a, b in ((stores[0].k, stores[1].k), (stores[0].v, stores[1].v),
+                     (getattr(stores[0], "k_scale", None), getattr(stores[1], "k_scale", None))):
+            if a is not None:
+                assert torch.equal(a.nan_to_num(-1.0) if a.is_floating_point() else a,
+                                   b.nan_to_num(-1.0) if b.is_floating_point() else b), cls.__name__
