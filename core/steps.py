@@ -58,11 +58,12 @@ class GraphedSteps:
 
     ``capture(fn, pool) -> (replay, outputs)`` is ``cuda_graph_capture``; the tests hand in a
     stand-in that re-runs ``fn`` on each replay with the capture's ``start``, to check on a CPU that
-    nothing but the static buffers carries a step's inputs.
+    nothing but the static buffers carries a step's inputs. ``prefill=False``: the prefill chunks
+    run eagerly (no ``prefill_graphs``).
     """
 
     def __init__(self, model: Qwen3Model, kv: KVStore, capture_layers: Collection[int] = (), *,
-                 capture: Callable = cuda_graph_capture) -> None:
+                 capture: Callable = cuda_graph_capture, prefill: bool = True) -> None:
         self.model, self.kv, self.capture_layers = model, kv, tuple(capture_layers)
         device = model.device
         self.tokens = torch.zeros(MAX_GRAPH_TOKENS, dtype=torch.int64, device=device)
@@ -73,7 +74,8 @@ class GraphedSteps:
         self.graphs: dict[int, tuple[Callable[[], None], Outputs]] = {}
         self.capture_ms = 0.0
         self.memory_bytes = 0
-        self.prefill_graphs = PrefillGraphs(model, kv, self.capture_layers, capture=capture, pool=self._pool)
+        self.prefill_graphs = (PrefillGraphs(model, kv, self.capture_layers, capture=capture, pool=self._pool)
+                               if prefill else None)
         use_prefill_graphs(kv, self.prefill_graphs)
 
     def forward(self, tokens: torch.Tensor, start: int) -> Outputs:
@@ -118,8 +120,9 @@ class GraphedSteps:
         self.memory_bytes += (torch.cuda.memory_allocated() - before) if cuda else 0
 
     def report(self) -> str:
+        prefill = self.prefill_graphs.report() if self.prefill_graphs else "prefill chunks eager"
         return (f"{len(self.graphs)} CUDA graphs (token counts {sorted(self.graphs)}), captured in "
-                f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB; {self.prefill_graphs.report()}")
+                f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB; {prefill}")
 
 
 StepRunner = Union[EagerSteps, GraphedSteps]

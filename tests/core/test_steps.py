@@ -53,7 +53,8 @@ def generate(folder, variant, replayed, **keys):
     engine = tileinfer.Engine.from_config(*VARIANTS[variant], model=str(folder), device=DEVICE, dtype="float32",
                                           kv_page_size=16, progress=False, **keys)
     if replayed:
-        use_steps(engine, GraphedSteps(engine.model, engine.kv, capture=rerun_capture))
+        # decode and verify steps replayed; the prefill's graphs have tests of their own (test_prefill_graphs)
+        use_steps(engine, GraphedSteps(engine.model, engine.kv, capture=rerun_capture, prefill=False))
     result = engine.generate(PROMPT, max_new_tokens=14)  # positions 36 to 49: cross a page boundary (48)
     return result, engine.decoder.steps
 
