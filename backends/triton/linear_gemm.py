@@ -30,12 +30,13 @@ from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
 
 
 @dataclass(frozen=True)
-class GemmConfig:
-    """Tiles of the GEMM. The fields after ``num_stages`` select the persistent kernel of
-    linear_gemm_persistent.py (``persistent``) and its options: ``tma`` (x and weight tiles through
-    TMA descriptors), ``flatten`` (``tl.range``'s, on the tile loop: the next tile's loads may be
-    issued during this one's epilogue), ``split_rows`` / ``split_k`` (the last row blocks computed
-    in ranges of K; ``split_plan`` is the rule) and ``programs`` (the grid; 0: one per SM)."""
+class GemmTiles:
+    """Tiles of a GEMM (this one's, :class:`GemmConfig`, and the W8A16 one's, linear_int8_gemm.py).
+    The fields after ``num_stages`` select the persistent kernel of linear_gemm_persistent.py
+    (``persistent``) and its options: ``tma`` (x and weight tiles through TMA descriptors),
+    ``flatten`` (``tl.range``'s, on the tile loop: the next tile's loads may be issued during this
+    one's epilogue), ``split_rows`` / ``split_k`` (the last row blocks computed in ranges of K;
+    ``split_plan`` is the rule) and ``programs`` (the grid; 0: one per SM)."""
 
     block_m: int
     block_n: int
@@ -52,6 +53,11 @@ class GemmConfig:
 
     def __post_init__(self):
         check_persistent_options(self)
+
+
+@dataclass(frozen=True)
+class GemmConfig(GemmTiles):
+    """Tiles of the BF16 GEMM (:class:`GemmTiles`)."""
 
 
 def check_persistent_options(cfg) -> None:

@@ -44,8 +44,7 @@ def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> GemvConfi
       with 4 stages of cp.async in flight; layers with fewer row blocks than 2 per SM (o_proj,
       down) take BLOCK_K = 256 with 3 stages and split K until the grid has more than 1.5
       programs per SM. Within 4 % of the best swept tile on every layer but Qwen3-0.6B's o_proj
-      (9 %); the 32x128 / 4-warp tile it replaced was 1-14 % slower (split-K 8 on o_proj and
-      down). Records: bench/results/NVIDIA-H200/tiles_df4a228/.
+      (9 %); 32x128 / 4-warp tiles are 1-14 % slower (split-K 8 on o_proj and down). Records: bench/results/NVIDIA-H200/tiles_df4a228/.
     - BLOCK_K shrinks to next_pow2(K) for small K (never below 16).
     - SPLIT_K at T = 1 (``gemv_split_k``): only when the grid would leave a quarter of the SMs idle.
     """

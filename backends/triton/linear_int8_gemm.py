@@ -32,7 +32,7 @@ import triton.language as tl
 from tileinfer.backends.triton.device_functions import round_to, silu_mul_f32
 from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
 from tileinfer.backends.triton.linear_gemm import (
-    check_persistent_options,
+    GemmTiles,
     cheapest_gemm_tile,
     gemm_persistent,
     gemm_tile,
@@ -42,27 +42,12 @@ from tileinfer.backends.triton.linear_int8_gemv import int8_to
 
 
 @dataclass(frozen=True)
-class Int8GemmConfig:
-    """Tiles of the W8A16 GEMM; ``persistent`` and the fields after it as ``GemmConfig``'s
-    (linear_gemm.py): the persistent kernel of linear_gemm_persistent.py and its options."""
+class Int8GemmConfig(GemmTiles):
+    """Tiles of the W8A16 GEMM: :class:`GemmTiles` (linear_gemm.py; the persistent kernel's options
+    among them) and the int8 tile's conversion and operand order."""
 
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    num_warps: int
-    num_stages: int
     bit_convert: bool = True  # int8 -> float by bit patterns (False: Triton's cast)
     swap_ab: bool = False  # the converted weight tile as the dot's first operand (y^T = q x^T)
-    persistent: bool = False
-    tma: bool = False
-    flatten: bool = False
-    split_rows: int = 0
-    split_k: int = 1
-    programs: int = 0
-
-    def __post_init__(self):
-        check_persistent_options(self)
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, relative throughput of one tile's MMAs): the

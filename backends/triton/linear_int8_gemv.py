@@ -71,8 +71,8 @@ def gemv_int8_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> Int8
 
     - T = 1: BLOCK_N = 4, BLOCK_K = 512 int8 columns, 2 warps, 1 stage (8 rows for an lm_head:
       98 % of the copy bandwidth at Qwen3-4B's); layers with fewer than 8 programs of 4 rows per
-      SM (o_proj, down, Qwen3-0.6B's qkv) BLOCK_K = 2,048 and 4 warps. The earlier 1,024 / 2,048
-      columns (the BF16 tiles' bytes) lost 11-33 % on qkv, gate_up and the lm_head. Records:
+      SM (o_proj, down, Qwen3-0.6B's qkv) BLOCK_K = 2,048 and 4 warps. Tiles of 1,024 / 2,048
+      columns (the BF16 tiles' bytes) are 11-33 % slower on qkv, gate_up and the lm_head. Records:
       bench/results/NVIDIA-H200/tiles_df4a228/.
     - T = 2..16 (tl.dot, M padded to 16): BLOCK_N = 32 (64 for an lm_head), BLOCK_K = 128,
       4 warps, 4 stages, SPLIT_K by ``gemv_split_k`` (linear_gemv.py ``verify_tiles``).
