@@ -2,7 +2,7 @@
 # The H200 benchmark matrix of one commit, measured from scratch in parts that each fit one device
 # call, and the GPU-marked tests.
 #
-# The matrix: 2 shapes (Qwen3-0.6B, Qwen3-4B) x (the 18 variants of bench/variants.py and the 5
+# The matrix: 2 shapes (Qwen3-0.6B, Qwen3-4B) x (the 19 variants of bench/variants.py and the 5
 # peers of bench/peers.py) x 4 workloads (bench/workloads.py), random weights; the INT8 weights
 # and their peers at 2 workloads only (prefill1024, decode128_ctx1024: the INT8 targets). It does
 # not fit one device call (10 minutes), so it runs in parts; minutes are estimates from earlier
@@ -51,7 +51,7 @@ usage() { echo "usage: bash bench/gpu_matrix.sh PART [PART ...]   (PART: 1-8 or 
 
 GRAPH_CHAIN="eager eager-per-op no-fused-kernels no-fused-kernels-no-pipelining no-pipelining no-fused-linears
   no-fused-attention-inputs norm-prologue no-pdl"
-REST="reference eager-per-op-dense-attention no-cuda-graphs torch-matmul eager-torch-matmul int8-kv ngram"
+REST="reference eager-per-op-dense-attention no-cuda-graphs torch-matmul eager-torch-matmul int8-kv int8-int8-kv ngram"
 PEERS="hf-sdpa hf-static-compile engine-compiled"
 INT8="int8 engine-compiled-int8 hf-torchao-int8"  # our INT8 weights beside the INT8 weight-only peers
 # part -> "SHAPE SECONDS_PER_ROW NAME..." (the default is added first)

@@ -40,12 +40,12 @@ VARIANTS: dict[str, list[str]] = {
     "no-pdl": ["options.triton.pdl=false"],  # no programmatic dependent launch
     "torch-matmul": TORCH_MATMUL,
     "eager-torch-matmul": [*EAGER, *TORCH_MATMUL],
-    # The Triton kernels read model-dtype weights and pages only: the INT8 rows take the reference ones.
     "int8": ["quantize=int8"],  # weight-only INT8 (W8A16)
     "int8-kv": ["kv_store=paged_int8"],  # INT8 KV cache
+    "int8-int8-kv": ["quantize=int8", "kv_store=paged_int8"],  # both: the INT8 KV target with INT8 weights
     "ngram": ["proposer=ngram"],  # n-gram speculative decoding
 }
-QUANTIZED = ("int8", "int8-kv")  # the variants the summary table lists next to the default
+QUANTIZED = ("int8", "int8-kv", "int8-int8-kv")  # the variants the summary table lists next to the default
 
 
 def split(items: Sequence[str]) -> tuple[list[str], list[str]]:
