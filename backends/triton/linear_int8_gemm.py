@@ -49,6 +49,13 @@ class Int8GemmConfig(GemmTiles):
     bit_convert: bool = True  # int8 -> float by bit patterns (False: Triton's cast)
     swap_ab: bool = False  # the converted weight tile as the dot's first operand (y^T = q x^T)
 
+    def __post_init__(self):
+        super().__post_init__()
+        # On an H200 (Triton 3.6) the transposed split tail gives wrong sums (the fused and per-op
+        # forms differ by up to 1.2 at every Qwen3 shape it splits), where the interpreter and the
+        # plain split tail agree: bench/results/NVIDIA-H200/gpu_tests_0d5e3aa/persistent.log.
+        assert not (self.swap_ab and self.split_rows), f"swap_ab and split_rows exclude each other: {self}"
+
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, relative throughput of one tile's MMAs): the
 # BF16 GEMM's candidates, with 128-byte int8 rows for the smaller ones. The throughputs are the

@@ -68,14 +68,13 @@ def int8_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # Persistent W8A16 candidates for T > 16, as linear.py's PERSISTENT_TILES: transposed (swap_ab, the
-# rule's form) and not.
+# rule's form) and not; the split tail only untransposed (Int8GemmConfig refuses swap_ab with it).
 PERSISTENT_SWAPPED = [
     (128, 128, 64, 8, 3, "tma"), (128, 128, 64, 8, 4, "tma"), (128, 128, 128, 8, 3, "tma"), (128, 64, 128, 4, 3, "tma"),
     (128, 64, 128, 4, 4, "tma"), (128, 128, 64, 8, 3, "tma flatten"), (128, 128, 64, 8, 3, ""),
-    (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split"), (64, 128, 128, 4, 3, "tma split"),
 ]
 PERSISTENT_PLAIN = [(128, 128, 64, 8, 3, "tma"), (128, 128, 128, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma"),
-                    (128, 128, 64, 8, 3, "tma split")]
+                    (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split"), (64, 128, 128, 4, 3, "tma split")]
 
 
 def sweep_configs(n: int, k: int, t: int, sms: int):

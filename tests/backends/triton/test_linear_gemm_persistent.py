@@ -51,6 +51,16 @@ def int8_config(name: str, swap_ab: bool) -> Int8GemmConfig:
     return Int8GemmConfig(32, 32, 32, 2, 4, 2, swap_ab=swap_ab, persistent=True, **OPTIONS[name])
 
 
+# (option, swap_ab): every option both ways, but the split tail only untransposed (Int8GemmConfig)
+INT8_OPTIONS = [(name, swap) for name in OPTIONS for swap in (False, True) if not (swap and "split" in name)]
+INT8_OPTION_IDS = [f"{name}-{'swap_ab' if swap else 'plain'}" for name, swap in INT8_OPTIONS]
+
+
+def test_int8_config_refuses_a_transposed_split_tail():
+    with pytest.raises(AssertionError, match="swap_ab and split_rows exclude each other"):
+        int8_config("split", True)
+
+
 def inputs(N: int, K: int, dtype: torch.dtype, *key, t: int = T):
     g = generator("persistent", t, N, K, dtype, *key)
     x = torch.randn(t, K, generator=g, device=DEVICE).to(dtype)
@@ -85,8 +95,7 @@ def test_matches_reference(name, dtype):
     assert_close(y, ref_silu_mul(ref_linear(x, w)), "two_roundings")
 
 
-@pytest.mark.parametrize("swap_ab", [False, True], ids=["plain", "swap_ab"])
-@pytest.mark.parametrize("name", list(OPTIONS))
+@pytest.mark.parametrize("name,swap_ab", INT8_OPTIONS, ids=INT8_OPTION_IDS)
 def test_int8_matches_reference(name, swap_ab):
     dtype = torch.float16
     N, K = ODD  # int8 rows of 136 bytes: no TMA, the pointer path
@@ -103,7 +112,7 @@ def test_int8_weights_through_tma(name):
     N, K = ALIGNED
     x, _, q, scale = inputs(N, K, torch.float16, "int8-tma", name)
     assert tma_ok(x, q)
-    cfg = int8_config(name, True)
+    cfg = int8_config(name, "split" not in name)  # the split tail only untransposed
     assert_close(run(linear_int8, x, q, scale, n=N, config=cfg), ref_linear_int8(x, q, scale))
     logits = run(linear_int8, x, q, scale, n=N, config=cfg, out_dtype=torch.float32)
     assert_close(logits, ref_linear_int8(x, q, scale, torch.float32), dtype=torch.float16)
@@ -129,8 +138,8 @@ def test_fused_forms_bit_identical_to_per_op(name):
     assert_close(logits, ref_linear(x, w, torch.float32), dtype=dtype)
 
 
-@pytest.mark.parametrize("swap_ab", [False, True], ids=["plain", "swap_ab"])
-@pytest.mark.parametrize("name", ["pointers", "split", "split-all-tma"])
+@pytest.mark.parametrize("name,swap_ab", INT8_OPTIONS[:2] + [c for c in INT8_OPTIONS if "split" in c[0]],
+                         ids=INT8_OPTION_IDS[:2] + [i for i in INT8_OPTION_IDS if "split" in i])
 def test_int8_fused_forms_bit_identical_to_per_op(name, swap_ab):
     dtype = torch.float16
     N, K = ALIGNED
@@ -317,7 +326,8 @@ def test_gpu_bf16_decoder_use(name, option, T):
         assert_equal(linear(x, w, out_dtype=out_dtype, config=gpu_config(GemmConfig, "pointers", T, N, K)), plain)
 
 
-INT8_CASES = [(option, True) for option in GPU_OPTIONS] + [("tma", False)]  # transposed: the rule's form
+# transposed (the rule's form) except the split tail, which Int8GemmConfig allows only untransposed
+INT8_CASES = [(option, option != "split") for option in GPU_OPTIONS] + [("tma", False)]
 INT8_IDS = [f"{option}-{'swap_ab' if swap else 'plain'}" for option, swap in INT8_CASES]
 
 
