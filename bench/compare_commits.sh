@@ -13,8 +13,9 @@
 # its side and round), with the table `python bench/compare_commits.py` prints from it
 # ($OUT/ab/compare.md); each run's log is $OUT/ab/<side>-<round>.log.
 # Environment: COMMIT, BEFORE (the commits' hashes, recorded), ROUNDS (default 2), SECONDS_PER_ROW
-# (default 2), SHAPES (default "Qwen3-0.6B Qwen3-4B"), AB_S (seconds for the whole comparison,
-# default 420).
+# (default 2), SHAPES (default "Qwen3-0.6B Qwen3-4B"), MODEL (a checkpoint folder instead of the
+# random shapes, e.g. models/target: the shipped model, whose plain decoding is bound by the host's
+# time per step), AB_S (seconds for the whole comparison, default 420).
 set -u
 export PYTHONUNBUFFERED=1
 : "${OUT:?OUT: the folder whose files come back (set by the device tool)}"
@@ -32,6 +33,7 @@ package . /tmp/ab/after
 declare -A TREE=([before]=.ab/before [after]=.)
 declare -A HASH=([before]=$BEFORE [after]=$COMMIT)
 shapes=(); for s in ${SHAPES:-Qwen3-0.6B Qwen3-4B}; do shapes+=(--shape "$s"); done
+[[ -n ${MODEL:-} ]] && shapes=(--model "$(realpath "$MODEL")")
 deadline=$(( $(date +%s) + ${AB_S:-420} ))
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for side in before after; do

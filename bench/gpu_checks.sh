@@ -11,8 +11,9 @@
 #   gemm      prefill GEMM tiles at T = 1,024, the persistent GEMMs among them (both scripts)       9
 #   spec      bench/speculative.py on the shipped family (device loop; every proposer's best k) and
 #             bench/dflash_step.py (one DFlash step at the Qwen3-4B shape against a decode step)   6
-#   ttft      bench/run.py default and no-cuda-graphs at prefill1024 (both shapes), and
-#             prefill8192 / prefill32768 at Qwen3-4B (time to first token, % of the matmul peak)  5
+#   ttft      bench/run.py at prefill1024 (both shapes): the default, no-cuda-graphs, torch-matmul
+#             (cuBLAS linears) and the peers hf-sdpa and engine-compiled in the same run; then
+#             prefill8192 / prefill32768 at Qwen3-4B (time to first token, % of the matmul peak)  8
 #
 # On the GPU, one device call per check, COMMIT the commit checked out here (written out):
 #   run(command="COMMIT=abc1234 bash bench/gpu_checks.sh steps", carry=[".whl"], timeout_s=600)
@@ -58,9 +59,10 @@ spec)
   step 150 python3 bench/dflash_step.py --commit "$COMMIT" --out "$dir" > "$dir/dflash_step.log" 2>&1
   tail -14 "$dir/dflash_step.log" ;;
 ttft)
-  step 260 python3 bench/run.py --commit "$COMMIT" --shape Qwen3-0.6B --shape Qwen3-4B --variant default \
-    --variant no-cuda-graphs --workload prefill1024 --no-peers --out "$dir/prefill1024" > "$dir/prefill1024.log" 2>&1
-  grep -A8 "### Summary" "$dir/prefill1024/results.md" | head -24
+  step 330 python3 bench/run.py --commit "$COMMIT" --shape Qwen3-0.6B --shape Qwen3-4B --variant default \
+    --variant no-cuda-graphs --variant torch-matmul --variant hf-sdpa --variant engine-compiled \
+    --workload prefill1024 --out "$dir/prefill1024" > "$dir/prefill1024.log" 2>&1
+  grep -E "^\| (default|no-cuda-graphs|torch-matmul|hf-sdpa|engine-compiled) " "$dir/prefill1024/results.md" | head -24
   step 260 python3 bench/run.py --commit "$COMMIT" --shape Qwen3-4B --variant default --workload prefill8192 \
     --workload prefill32768 --no-peers --out "$dir/long" > "$dir/long.log" 2>&1
   grep -A6 "### Summary" "$dir/long/results.md" | head -12 ;;

@@ -19,7 +19,8 @@
 #   6      Qwen3-4B: the BF16 peers                                                        7
 #   7      Qwen3-0.6B: INT8 weights and the INT8 peers (gpt-fast-style compiled, torchao)  5
 #   8      Qwen3-4B: INT8 weights and the INT8 peers                                       7
-#   tests  every GPU-marked test (pytest -m gpu tests)                                     4
+#   tests  every GPU-marked test (TESTS=PATHS: some), over 8 processes (pytest-xdist)        5
+#          (in one process the 1,068 tests took more than 9 minutes)
 #
 # All of it takes about 65 minutes of device time with the starts, more than two sessions' 30:
 # run parts 1-3 and tests in one session, 4-6 in the next and 7-8 in a third, on the same commit.
@@ -41,7 +42,8 @@
 # which writes results.json, results.md and results.png there from scratch and refuses parts of
 # different commits. Environment: COMMIT (required), PART_S (seconds a part may run before it is
 # stopped, keeping the rows it measured; default 560), TEST_S (the tests' limit; default 540),
-# CHECKPOINTS (random-weight checkpoints, written once per machine; default /tmp/tileinfer-checkpoints).
+# CHECKPOINTS (random-weight checkpoints, written once per machine; default /tmp/tileinfer-checkpoints),
+# TESTS (the test paths of part tests; default tests), TEST_WORKERS (xdist processes; default 8).
 # `bash bench/gpu_matrix.sh --list` prints each part's shape and rows, and after a `|` its workloads
 # where the part does not run all four (anywhere; it runs nothing).
 set -u
@@ -86,9 +88,12 @@ run_part() {  # run_part PART: one run of bench/run.py (or the tests) into $OUT/
   local part=$1
   if [[ $part == tests ]]; then
     mkdir -p "$OUT/tests"
-    timeout "${TEST_S:-540}" python3 -m pytest -q -rf -p no:cacheprovider -m gpu --durations=15 tests \
-      > "$OUT/tests/pytest.log" 2>&1
-    echo "tests: pytest exit $?"; grep -E "^(FAILED|ERROR)| passed| failed" "$OUT/tests/pytest.log" | tail -20
+    local workers=()  # pytest-xdist (carried in .whl): test files spread over processes sharing the GPU
+    python3 -c "import xdist" 2>/dev/null && workers=(-n "${TEST_WORKERS:-8}" --dist loadfile)
+    timeout "${TEST_S:-540}" python3 -m pytest -v -rfE -p no:cacheprovider -m gpu --durations=15 "${workers[@]}" \
+      ${TESTS:-tests} > "$OUT/tests/pytest.log" 2>&1
+    echo "tests: pytest exit $? (${#workers[@]} xdist args)"
+    grep -E "FAILED|ERROR| passed| failed" "$OUT/tests/pytest.log" | cut -c1-200 | tail -30
     return
   fi
   local spec=(${PARTS[$part]})  # word-split: SHAPE SECONDS NAME...
