@@ -2,7 +2,8 @@
 
 - copy bandwidth: ``dst.copy_(src)`` of a large buffer, bytes read + written over the time
   (``timing.median_seconds`` of several copies: CUDA events on a GPU, a wall clock on a CPU);
-- matmul peak: a square BF16 matmul (8192^3 on a GPU, 256^3 on a CPU) of random data,
+- matmul peak: a square matmul of random data in the dtype the engine runs there (BF16 8192^3 on
+  a GPU, float32 512^3 on a CPU, whose BF16 matmul is far slower than the float32 path it bounds),
   ``2 n^3`` FLOPs over the time (median).
 """
 
@@ -18,7 +19,7 @@ from timing import median_seconds
 @dataclass
 class Limits:
     copy_bandwidth: float  # bytes/s, read + written
-    matmul_peak: float  # FLOP/s, BF16
+    matmul_peak: float  # FLOP/s, BF16 on a GPU, float32 on a CPU
     device: str
 
     def to_dict(self) -> dict:
@@ -35,11 +36,12 @@ def copy_bandwidth(device: torch.device, mib: int | None = None, repeats: int = 
 
 
 def matmul_peak(device: torch.device, n: int | None = None, repeats: int = 20) -> float:
-    """FLOP/s of an ``n x n x n`` BF16 matmul of random data (median)."""
-    n = n or (8192 if device.type == "cuda" else 256)
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    out = torch.empty(n, n, dtype=torch.bfloat16, device=device)
+    """FLOP/s of an ``n x n x n`` matmul of random data (median): BF16 on a GPU, float32 on a CPU."""
+    n = n or (8192 if device.type == "cuda" else 512)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    out = torch.empty(n, n, dtype=dtype, device=device)
     seconds = median_seconds(lambda: torch.matmul(a, b, out=out), device, repeats if device.type == "cuda" else 5)
     return 2.0 * n**3 / seconds
 

@@ -165,7 +165,7 @@ def header(records: list[dict]) -> str:
     for r in records:
         parts.setdefault(r.get("part"), r)
     lines = [f"- {part + ': ' if part else ''}{r['date']}, copy bandwidth {r['copy_bandwidth_tb_s']:.3g} TB/s, "
-             f"BF16 matmul peak {r['matmul_peak_tflops']:.3g} TFLOP/s" for part, r in parts.items()]
+             f"matmul peak {r['matmul_peak_tflops']:.3g} TFLOP/s" for part, r in parts.items()]
     return (f"# tileinfer benchmark: {first['gpu']}\n\ncommit {first['commit']}, torch {first['torch']}, "
             f"triton {first['triton']}; the limits measured in the same run as the rows they bound:\n\n"
             + "\n".join(lines) + "\n")

@@ -5,7 +5,7 @@
 
 Each row is warmed up by a run of its prompt (8 new tokens; the whole workload for the peers, whose
 first run allocates), then measured until S seconds are spent (at least once), median. The limits
-are measured first, in the same run: the device copy bandwidth and the BF16 matmul peak
+are measured first, in the same run: the device copy bandwidth and the matmul peak (BF16 on a GPU, float32 on a CPU)
 (bench/limits.py). Decode rows are also given as a fraction of their roofline (weights + KV read per
 step over that bandwidth), prefill rows as TFLOP/s and a fraction of that peak (bench/roofline.py).
 A variant whose config does not load or cannot run here is skipped with the reason; a row that
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         for w in chosen))
     lim = limits_mod.measure(device)
     print(f"{lim.device}: copy bandwidth {lim.copy_bandwidth / 1e12:.3g} TB/s, "
-          f"BF16 matmul {lim.matmul_peak / 1e12:.3g} TFLOP/s", flush=True)
+          f"matmul peak {lim.matmul_peak / 1e12:.3g} TFLOP/s", flush=True)
     env = records.environment(lim, args.commit)
     out = args.out or SCRATCH / ("cpu" if device.type == "cpu" else lim.device.replace(" ", "-"))
     rows_done: list[dict] = []
