@@ -4,7 +4,8 @@
 # are estimates (setup, checkpoints and Triton compilation included, the machine's start not):
 #
 #   check     what                                                                         minutes
-#   steps     bench/step_costs.py (default and no-pdl, with kernel profiles), bench/pdl_probe.py  5
+#   steps     bench/step_costs.py (default and no-pdl, with kernel profiles; the shipped model's
+#             steps, which its speculative table divides by), bench/pdl_probe.py                 6
 #   gemv      GEMV tiles at T = 1, 2, 16 (bench/kernels/linear.py and linear_int8.py --sweep, with
 #             the fused split-K reduce; gemlite's A16W8 beside the int8 rows), the int8 decode
 #             attention with and without its tile prefetch (paged_attention.py --int8-prefetch)      8
@@ -38,6 +39,8 @@ case $check in
 steps)
   step 300 python3 bench/step_costs.py --profile --variant default --variant no-pdl --commit "$COMMIT" --out "$dir" \
     > "$dir/step_costs.log" 2>&1; grep -E "T= ?[0-9]+ " "$dir/step_costs.log" | head -40
+  step 60 python3 bench/step_costs.py --model models/target --contexts 1024 --commit "$COMMIT" --out "$dir/shipped" \
+    > "$dir/step_costs_shipped.log" 2>&1; grep -E "T= ?[0-9]+ " "$dir/step_costs_shipped.log"
   step 240 python3 bench/pdl_probe.py --out "$dir/pdl_probe.json" > "$dir/pdl_probe.log" 2>&1
   cat "$dir/pdl_probe.log" | grep "T=" ;;
 gemv)

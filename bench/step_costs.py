@@ -1,6 +1,6 @@
 """What one decode or verify step costs: ms per step of T tokens after N cached positions.
 
-    python bench/step_costs.py [--shape NAME]... [--variant NAME]... [--tokens 1,2,4,8,16]
+    python bench/step_costs.py [--shape NAME]... | [--model DIR] [--variant NAME]... [--tokens 1,2,4,8,16]
                                [--contexts 1024,8192] [--profile] [--out DIR]
 
 For each shape and variant the engine is built once (its KV pool sized for the longest context),
@@ -47,6 +47,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     gpu = torch.cuda.is_available()
     p.add_argument("--shape", action="append", help="model shape (bench/shapes.py); default Qwen3-0.6B and "
                    "Qwen3-4B on a GPU, tiny on a CPU")
+    p.add_argument("--model", type=Path, metavar="DIR", help="a real checkpoint folder instead of the random shapes "
+                   "(e.g. models/target, the shipped model: its speculative table divides by these ratios); "
+                   "named after the folder")
     p.add_argument("--variant", action="append", help="variant of bench/variants.py (default: default)")
     p.add_argument("--tokens", default="1,2,4,8,16", help="tokens per step, comma-separated (default 1,2,4,8,16)")
     p.add_argument("--contexts", default="1024,8192" if gpu else "32,256",
@@ -57,7 +60,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--commit", help="commit hash to record (default: git rev-parse of this checkout)")
     p.add_argument("--out", type=Path, default=Path("bench/results/steps"), help="folder for step_costs.json")
     args = p.parse_args(argv)
-    args.shape = args.shape or (["Qwen3-0.6B", "Qwen3-4B"] if gpu else ["tiny"])
+    if args.model and args.shape:
+        p.error("--model and --shape exclude each other")
+    if args.model and not (args.model / "config.json").is_file():
+        p.error(f"--model {args.model}: no config.json there")
+    args.shape = [] if args.model else args.shape or (["Qwen3-0.6B", "Qwen3-4B"] if gpu else ["tiny"])
     args.variant = args.variant or ["default"]
     args.tokens = [int(t) for t in args.tokens.split(",")]
     args.contexts = [int(n) for n in args.contexts.split(",")]
@@ -142,8 +149,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = records.environment(limits_mod.measure(device), args.commit)
     rows = []
-    for shape in args.shape:
-        folder = write_random_checkpoint(shape, args.checkpoints / shape)
+    folders = [(args.model.resolve().name, args.model)] if args.model else [
+        (shape, write_random_checkpoint(shape, args.checkpoints / shape)) for shape in args.shape]
+    for shape, folder in folders:
         for variant in args.variant:
             rows += measure_variant(folder, shape, variant, args, env)
             free_memory()
