@@ -1,6 +1,6 @@
 """What one decode or verify step costs: ms per step of T tokens after N cached positions.
 
-    python bench/step_costs.py [--shape NAME]... | [--model DIR] [--variant NAME]... [--tokens 1,2,4,8,16]
+    python bench/step_costs.py [--shape NAME... | --model DIR] [--variant NAME]... [--tokens 1,2,4,8,16]
                                [--contexts 1024,8192] [--profile] [--out DIR]
 
 For each shape and variant the engine is built once (its KV pool sized for the longest context),
