@@ -208,24 +208,42 @@ def test_a_proposer_gets_the_hidden_states_of_every_chunk(folder, chunk):
         torch.testing.assert_close(joined, whole.chunks[0][2][n], atol=1e-5, rtol=1e-5)
 
 
+# The Triton kernels under the interpreter cost seconds a step, growing with the weight rows and the
+# tokens: a small model (GQA 2 / 1 heads of 16) and a 37-token prompt (pages of 16: chunks cross them).
+TRITON_MODEL = dict(hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=48, vocab=96, layers=2, tokenizer=False)
+TRITON_IDS = repetitive_prompt()[:37]
+
+
+def triton_engine(target, size: int) -> tileinfer.Engine:
+    return tileinfer.Engine.from_config("reference", model=str(target), device=DEVICE, dtype="float32",
+                                        kv_page_size=16, linear="triton", attention="triton", max_new_tokens=4,
+                                        prefill_chunk=size, progress=False)
+
+
+@pytest.fixture(scope="module")
+def triton_unchunked(checkpoint_factory):
+    """The Triton engine's greedy tokens and the prompt's KV cache of a prefill in one step."""
+    target = checkpoint_factory(**TRITON_MODEL)
+    whole = triton_engine(target, 4096)
+    tokens = whole.generate(TRITON_IDS).token_ids
+    return target, tokens, cache_of(whole, len(TRITON_IDS))
+
+
 @pytest.mark.parametrize("chunk", [7, 20])  # the Triton decode kernel (<= 16 tokens) and the prefill kernel
-def test_the_triton_kernels_prefill_in_chunks(checkpoint_factory, chunk):
+def test_the_triton_kernels_prefill_in_chunks(triton_unchunked, chunk):
     """Float32 (the interpreter on a CPU): chunk steps with start > 0 through both paged attention
-    kernels. On a GPU the chunks' GEMV/GEMM and the whole prompt's GEMM may round differently."""
-    target = checkpoint_factory(tokenizer=False)
-    ids = repetitive_prompt()
-
-    def engine(size: int) -> tileinfer.Engine:
-        return tileinfer.Engine.from_config("reference", model=str(target), device=DEVICE, dtype="float32",
-                                            kv_page_size=16, linear="triton", attention="triton", max_new_tokens=4,
-                                            prefill_chunk=size, progress=False)
-
-    whole, chunked = engine(4096), engine(chunk)
-    assert chunked.generate(ids).token_ids == whole.generate(ids).token_ids
+    kernels (7: six chunks of at most 16 tokens; 20: a second chunk of 17 at start 20). On a GPU the
+    chunks' GEMV/GEMM and the whole prompt's GEMM may round differently."""
+    target, tokens, cache = triton_unchunked
+    chunked = triton_engine(target, chunk)
+    steps = spy_steps(chunked)
+    assert chunked.generate(TRITON_IDS).token_ids == tokens
+    n = len(TRITON_IDS)
+    assert steps[:-3] == [(s, min(chunk, n - s)) for s in range(0, n, chunk)]  # then 3 decode steps
     tolerance = 1e-5 if DEVICE == "cpu" else 1e-3
-    for layer in range(2):
-        for a, b in zip(chunked.kv.gather(layer, len(ids)), whole.kv.gather(layer, len(ids))):
-            torch.testing.assert_close(a, b, atol=tolerance, rtol=tolerance)
+    for (k, v), (k0, v0) in zip(cache_of(chunked, len(TRITON_IDS)), cache):
+        torch.testing.assert_close(k, k0, atol=tolerance, rtol=tolerance)
+        torch.testing.assert_close(v, v0, atol=tolerance, rtol=tolerance)
 
 
 def test_prefill_chunk_is_a_checked_config_key(capsys, folder):

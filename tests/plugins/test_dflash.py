@@ -10,7 +10,7 @@ random z-lab-format checkpoints (2 layers, 6 / 2 heads of 20, 3 target layer ids
   16 positions) with a drafter whose drafts are always rejected and one that proposes one token
   (accepted through runs of it: rollbacks of every length), over length and EOS stops;
 - sampled speculation (drafts greedy or sampled) keeps the target's output distribution
-  (chi-square, as tests/core/test_speculative.py).
+  (chi-square, as tests/core/test_speculative.py), on a 4-layer variant of the target.
 """
 
 from __future__ import annotations
@@ -186,20 +186,32 @@ def test_sampled_drafts_with_a_greedy_target_keep_the_greedy_tokens(case):
 
 TOP_K = 3
 N = 1500
+# N generations each, whose cost is mostly the target's layers: the odd target with 4 layers instead
+# of 7 (the drafter reads layers 1, 2, 3).
+SAMPLED_TARGET = {**TARGET, "layers": 4}
+
+
+@pytest.fixture(scope="module")
+def sampled_case(checkpoint_factory, tmp_path_factory):
+    """The 4-layer target, the exact marginals of its first 3 sampled tokens after an 8-token prompt,
+    and a drafter whose drafts are the target's likeliest first token."""
+    target = checkpoint_factory(**SAMPLED_TARGET)
+    prompt = repetitive_prompt()[:8]
+    p = exact_marginals(engine(target, temperature=1.0, top_k=TOP_K), prompt, 3)
+    likeliest = int(p[0].argmax())
+    drafter = make_dflash(tmp_path_factory.mktemp("dflash") / "likeliest", mask=likeliest, quiet=1e-3,
+                          max_positions=1024, num_target_layers=4, target_layer_ids=(1, 2, 3))
+    return target, prompt, p, likeliest, drafter
 
 
 @pytest.mark.parametrize("greedy_drafts", [True, False])
-def test_sampled_dflash_speculation_keeps_the_target_distribution(case, tmp_path, greedy_drafts):
+def test_sampled_dflash_speculation_keeps_the_target_distribution(sampled_case, greedy_drafts):
     """Tokens 2 and 3 (the first speculative step, k = 2: accepted drafts, corrections, bonus
     tokens) over N seeds against their exact marginals under the target. The drafter proposes the
     target's likeliest first token (about a third accepted); the test rejects a distribution 15 %
     biased toward it, so it has power."""
-    target, _, _ = case
-    prompt = repetitive_prompt()[:8]
+    target, prompt, p, likeliest, drafter = sampled_case
     sampling = dict(temperature=1.0, top_k=TOP_K)
-    p = exact_marginals(engine(target, **sampling), prompt, 3)
-    likeliest = int(p[0].argmax())
-    drafter = make_dflash(tmp_path / "likeliest", mask=likeliest, quiet=1e-3, max_positions=1024)
     e = engine(target, drafter, greedy=greedy_drafts, spec_k=2, **sampling)
     runs = [e.generate(prompt, max_new_tokens=3, sampling=SamplingParams(**sampling, seed=s)) for s in range(N)]
     drafted = sum(r.stats.drafted_tokens for r in runs)
