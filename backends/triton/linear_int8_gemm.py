@@ -52,8 +52,8 @@ class Int8GemmConfig(GemmTiles):
     def __post_init__(self):
         super().__post_init__()
         # On an H200 (Triton 3.6) the transposed split tail gives wrong sums (the fused and per-op
-        # forms differ by up to 1.2 at every Qwen3 shape it splits), where the interpreter and the
-        # plain split tail agree: bench/results/NVIDIA-H200/gpu_tests_0d5e3aa/persistent.log.
+        # forms differ by up to 1.2 at every Qwen3 shape it splits), where the interpreter agrees
+        # with the twin: bench/results/NVIDIA-H200/gpu_tests_0d5e3aa/persistent.log.
         assert not (self.swap_ab and self.split_rows), f"swap_ab and split_rows exclude each other: {self}"
 
 

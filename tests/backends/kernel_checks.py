@@ -9,7 +9,12 @@ bfloat16 at the Qwen3 shapes.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import torch
 
@@ -102,3 +107,14 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, kind: str = "one_
 def assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
     """Bit for bit, NaN exactly where ``expected`` is NaN (page slots nobody writes stay poisoned)."""
     torch.testing.assert_close(actual, expected, atol=0, rtol=0, equal_nan=True)
+
+
+def compiled_results(script: str, path: Path) -> list[dict]:
+    """Run a kernel-compilation ``script`` (written to ``path``, so that worker processes can import
+    it) in a subprocess without TRITON_INTERPRET (this process imported the kernels under the
+    interpreter) and return the JSON list its last stdout line prints."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    path.write_text(script)
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

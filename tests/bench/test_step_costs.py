@@ -34,3 +34,24 @@ def test_a_qwen3_shape_is_refused_on_a_cpu_in_one_line(capsys):
     with pytest.raises(SystemExit):
         steps.parse(["--shape", "Qwen3-4B"])
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke of the script")
+def test_a_real_checkpoint_is_measured_under_its_folder_name(tmp_path, tiny_checkpoint):
+    steps = load_script("bench/step_costs.py", "tileinfer_bench_step_costs")
+    rows = steps.main(["--model", str(tiny_checkpoint), "--tokens", "1,2", "--contexts", "12", "--repeats", "1",
+                       "--out", str(tmp_path)])
+    assert [(r["shape"], r["workload"]) for r in rows] == [(tiny_checkpoint.name, "step1_ctx12"),
+                                                           (tiny_checkpoint.name, "step2_ctx12")]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "{empty}"], "no config.json there"),
+    (["--model", "{ckpt}", "--shape", "tiny"], "--model and --shape exclude each other"),
+])
+def test_bad_model_arguments_are_one_line_errors(tmp_path, tiny_checkpoint, capsys, argv, message):
+    steps = load_script("bench/step_costs.py", "tileinfer_bench_step_costs")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        steps.parse([a.format(empty=tmp_path / "empty", ckpt=tiny_checkpoint) for a in argv])
+    assert message in capsys.readouterr().err

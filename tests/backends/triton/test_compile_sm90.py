@@ -13,10 +13,7 @@ session imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+from ..kernel_checks import compiled_results
 
 SCRIPT = r'''
 import concurrent.futures, importlib, inspect, itertools, json, re
@@ -181,12 +178,7 @@ EXPECTED = {
 
 
 def test_kernels_compile_for_sm90_with_and_without_pdl(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = tmp_path / "compile_sm90.py"  # a file, so that the worker processes can import it
-    script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = compiled_results(SCRIPT, tmp_path / "compile_sm90.py")
     counts: dict[str, int] = {}
     for r in results:
         counts[r["name"]] = counts.get(r["name"], 0) + 1

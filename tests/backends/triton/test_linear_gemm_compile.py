@@ -11,10 +11,7 @@ this session imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+from ..kernel_checks import compiled_results
 
 SCRIPT = r'''
 import inspect, json, os, re, subprocess, tempfile
@@ -86,12 +83,7 @@ print(json.dumps([compile_variant(name, *tiles, **options) for name, *tiles, opt
 
 
 def test_persistent_gemm_compiles_for_sm90(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = tmp_path / "compile_persistent.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = compiled_results(SCRIPT, tmp_path / "compile_persistent.py")
     assert len(results) == 19
     for r in results:
         assert r["spills"] == 0, r

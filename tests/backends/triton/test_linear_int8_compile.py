@@ -8,10 +8,7 @@ a subprocess: this session imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+from ..kernel_checks import compiled_results
 
 SCRIPT = r'''
 import inspect, json, os, re, subprocess, sys, tempfile
@@ -87,12 +84,7 @@ print(json.dumps(out))
 
 
 def test_int8_kernels_compile_for_sm90(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = tmp_path / "compile_int8.py"
-    script.write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = compiled_results(SCRIPT, tmp_path / "compile_int8.py")
     bf16 = next(r for r in results if r["name"] == "bf16_gemv")
     assert len(results) == 29
     for r in results:
