@@ -26,8 +26,9 @@ rms_norm.py's row tiles and device functions (:func:`_norm_rstd`), then normaliz
 as it loads it. Residual epilogue: ``round(y + r)`` as add.py. Hence the fused forms are
 bit-identical to the chain of per-op kernels.
 
-Programmatic dependent launch (``PDL``): the kernel lets the next one launch at its start and
-issues its first weight chunk's load before the grid dependency wait; the activations (and the
+Programmatic dependent launch (``PDL``): the kernel lets the next one launch at its start (a
+config's ``late_launch``: after its K loop) and issues its first weight chunk's load before the
+grid dependency wait; the activations (and the
 prologue's reduction) come after it. Under the interpreter every dot operand is cast to float32
 (``DOT_F32``).
 """
@@ -184,13 +185,16 @@ def gemv_rows(
 
 
 @triton.jit
-def gemv_program(K, N, kb_per_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def gemv_program(K, N, kb_per_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                 LATE_LAUNCH: tl.constexpr):
     """A GEMV program's place: ``(pid_k, kb_lo, kb_hi, offs_n, rows)``, its split, that split's K
     chunks ``[kb_lo, kb_hi)``, its BLOCK_N output columns and the weight rows they read (``offs_n
     % N``: tail rows re-read a valid row; their results are not stored). With ``PDL`` it first lets
-    the next kernel launch."""
+    the next kernel launch, unless ``LATE_LAUNCH`` (then the kernel calls :func:`launch_late`
+    after its K loop)."""
     if PDL:
-        gdc_launch_dependents()
+        if not LATE_LAUNCH:
+            gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     kb_lo = pid_k * kb_per_split
@@ -198,6 +202,15 @@ def gemv_program(K, N, kb_per_split, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
     return pid_k, kb_lo, kb_hi, offs_n, rows
+
+
+@triton.jit
+def launch_late(PDL: tl.constexpr, LATE_LAUNCH: tl.constexpr):
+    """With ``PDL`` and ``LATE_LAUNCH``: let the next kernel launch now (after the K loop, so its
+    programs do not take SM slots while this kernel's weight stream runs)."""
+    if PDL:
+        if LATE_LAUNCH:
+            gdc_launch_dependents()
 
 
 @triton.jit
@@ -226,14 +239,15 @@ def _gemv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, NORM: tl.constexpr, NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
-    RESIDUAL: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    RESIDUAL: tl.constexpr, FUSED_REDUCE: tl.constexpr, LATE_LAUNCH: tl.constexpr,
 ):
     """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
     program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). NORM: x is
     RMS-normalized first (weight ``nw_ptr``, ``NORM_K`` = K); RESIDUAL: ``r[t, n]`` is added to the
     rounded result (``r`` has the output's shape). FUSED_REDUCE (split-K, no SWIGLU): y holds the
-    partials, and the last split's program of each column block writes ``o`` (``reduce_if_last``)."""
-    pid_k, kb_lo, kb_hi, offs_n, rows = gemv_program(K, N, kb_per_split, BLOCK_N, BLOCK_K, PDL)
+    partials, and the last split's program of each column block writes ``o`` (``reduce_if_last``).
+    LATE_LAUNCH (with PDL): the next kernel may launch once every program finished its K loop."""
+    pid_k, kb_lo, kb_hi, offs_n, rows = gemv_program(K, N, kb_per_split, BLOCK_N, BLOCK_K, PDL, LATE_LAUNCH)
     acc = gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps, BLOCK_T, BLOCK_N,
                     BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF, _gemv_accumulate, BLOCK_K, False)
     out_ty = y_ptr.dtype.element_ty
@@ -242,6 +256,7 @@ def _gemv_kernel(
                           BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF,
                           _gemv_accumulate, BLOCK_K, False)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
+    launch_late(PDL, LATE_LAUNCH)
     store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT,
                RESIDUAL and not FUSED_REDUCE)
     if FUSED_REDUCE:
@@ -323,7 +338,7 @@ def launch_gemv(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, norm_weight
     ``_splitk_reduce_kernel``, which applies the epilogues. ``i_off``: the first up row of a SwiGLU
     weight (else 0); ``dot_f32``: float32 dot operands (the interpreter); ``pdl``: granted."""
     launch_gemv_kernel(_gemv_kernel, x, (w,), w, out, norm_weight, eps, residual, cfg, n_out, i_off, swiglu,
-                       dot_f32, pdl)
+                       dot_f32, pdl, LATE_LAUNCH=cfg.late_launch)
 
 
 def launch_gemv_kernel(kernel, x: torch.Tensor, weights: tuple[torch.Tensor, ...], no_norm: torch.Tensor,
@@ -390,5 +405,5 @@ def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
     return counters
 
 
-__all__ = ["LM_HEAD_ROWS", "GemvConfig", "gemv_config", "gemv_program", "gemv_rows", "gemv_split_k", "gemv_tiles", "launch_gemv",
+__all__ = ["LM_HEAD_ROWS", "GemvConfig", "gemv_config", "gemv_program", "gemv_rows", "gemv_split_k", "gemv_tiles", "launch_gemv", "launch_late",
            "launch_gemv_kernel", "reduce_if_last", "split_counters", "store_gemv", "verify_tiles"]

@@ -20,6 +20,7 @@ class GemvConfig:
     num_warps: int
     num_stages: int
     fused_reduce: bool = False  # split-K: the last split's program adds the partials (no reduce kernel)
+    late_launch: bool = False  # with PDL: the next kernel may launch after the K loop, not at the start
 
 
 LM_HEAD_ROWS = 32768  # weight rows from which a GEMV is an lm_head-sized stream (vocabulary rows)

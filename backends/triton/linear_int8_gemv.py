@@ -46,6 +46,7 @@ from tileinfer.backends.triton.linear_gemv import (
     gemv_rows,
     gemv_tiles,
     launch_gemv_kernel,
+    launch_late,
     reduce_if_last,
     store_gemv,
 )
@@ -60,6 +61,7 @@ class Int8GemvConfig:
     num_stages: int
     bit_convert: bool = True  # int8 -> float by bit patterns (False: Triton's cast)
     fused_reduce: bool = False  # split-K: the last split's program adds the partials (no reduce kernel)
+    late_launch: bool = False  # with PDL: the next kernel may launch after the K loop, not at the start
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,12 +131,12 @@ def _gemv_int8_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, NORM: tl.constexpr, NORM_K: tl.constexpr, NORM_HALF: tl.constexpr,
-    RESIDUAL: tl.constexpr, BITS: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    RESIDUAL: tl.constexpr, BITS: tl.constexpr, FUSED_REDUCE: tl.constexpr, LATE_LAUNCH: tl.constexpr,
 ):
     """y[t, n] = round(acc * scale[n]) (or split pid_k's scaled float32 partial) for the BLOCK_N
     output columns of this program; N = output columns (I when SWIGLU: gate row n, up row I_OFF +
     n). NORM: x is RMS-normalized first; RESIDUAL: ``r[t, n]`` is added to the rounded result."""
-    pid_k, kb_lo, kb_hi, offs_n, rows = gemv_program(K, N, kb_per_split, BLOCK_N, BLOCK_K, PDL)
+    pid_k, kb_lo, kb_hi, offs_n, rows = gemv_program(K, N, kb_per_split, BLOCK_N, BLOCK_K, PDL, LATE_LAUNCH)
     acc = gemv_rows(x_ptr, w_ptr, nw_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, eps, BLOCK_T, BLOCK_N,
                     BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, NORM, NORM_K, NORM_HALF, _accumulate_int8, BLOCK_K // 16,
                     BITS)
@@ -146,6 +148,7 @@ def _gemv_int8_kernel(
                           _accumulate_int8, BLOCK_K // 16, BITS)
         acc_u = _scaled(acc_u, s_ptr, rows + I_OFF, USE_DOT)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
+    launch_late(PDL, LATE_LAUNCH)
     store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt, BLOCK_T, USE_DOT,
                RESIDUAL and not FUSED_REDUCE)
     if FUSED_REDUCE:
@@ -162,7 +165,7 @@ def launch_gemv_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, out:
     sum of the partials by the last split's program (:func:`linear_gemv.reduce_if_last`)."""
     assert cfg.block_k % 16 == 0, f"block_k must be a multiple of 16 (a thread's 16-byte access), got {cfg.block_k}"
     launch_gemv_kernel(_gemv_int8_kernel, x, (q, scale), x, out, norm_weight, eps, residual, cfg, n_out, i_off, swiglu,
-                       dot_f32, pdl, BITS=cfg.bit_convert)
+                       dot_f32, pdl, BITS=cfg.bit_convert, LATE_LAUNCH=cfg.late_launch)
 
 
 __all__ = ["GEMV_BLOCK_T", "Int8GemvConfig", "gemv_int8_config", "int8_to", "launch_gemv_int8"]

@@ -4,7 +4,8 @@ Contract. A kernel launched with PDL (the launch option ``launch_pdl=True``) may
 kernel before it in the stream is still running, as soon as every program of that kernel has called
 ``gdc_launch_dependents()`` (or exited); our kernels call it first thing, under their ``PDL``
 constexpr, except the attention-input kernel, which calls it after its wait so that the decode
-attention's grid is placed only once the qkv GEMV has finished (attention_inputs.py). Until it calls
+attention's grid is placed only once the qkv GEMV has finished (attention_inputs.py), and the
+GEMVs with a ``late_launch`` config, which call it after their K loop (linear_gemv.py). Until it calls
 ``gdc_wait()``, such a kernel may only read data that no kernel of the stream writes (weights, norm
 weights: anything immutable while the model runs); it must call ``gdc_wait()``, which returns once
 the kernel before has completed and its writes are visible, before it reads anything an earlier

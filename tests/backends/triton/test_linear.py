@@ -11,6 +11,8 @@ plain program's tiles; on other widths they are compared with a tolerance.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -370,21 +372,24 @@ def test_gpu_pdl_launch_bit_identical(name, T, swiglu):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("late", [False, True], ids=["early", "late_launch"])
 @pytest.mark.parametrize("T", [1, 16])
 @pytest.mark.parametrize("name", ["4B.gate_up", "4B.o_proj", "0.6B.down"])
-def test_gpu_pdl_chain_reads_the_previous_gemv_output(name, T):
-    """Two dependent GEMVs, both launched with PDL (the second may start while the first runs):
-    the second must read the first's finished output, replayed from a graph many times."""
+def test_gpu_pdl_chain_reads_the_previous_gemv_output(name, T, late):
+    """Two dependent GEMVs, both launched with PDL (the second may start while the first runs;
+    ``late``: once the first finished its K loop, ``late_launch``): the second must read the
+    first's finished output, replayed from a graph many times."""
     N, K = QWEN3_LINEARS[name]
     x, w = random_inputs(T, N, K, torch.bfloat16, "gpu-pdl-chain", name)
     _, w2 = random_inputs(T, K, N, torch.bfloat16, "gpu-pdl-chain-2", name)
     expected = run(run(x, w, torch.bfloat16), w2, torch.bfloat16)
     mid = torch.empty((T, N), dtype=torch.bfloat16, device=DEVICE)
     out = torch.empty((T, K), dtype=torch.bfloat16, device=DEVICE)
+    first, second = (dataclasses.replace(gemv_config(n, k, T), late_launch=late) for n, k in ((N, K), (K, N)))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        linear(x, w, out=mid, pdl=True)
-        linear(mid, w2, out=out, pdl=True)
+        linear(x, w, out=mid, pdl=True, config=first)
+        linear(mid, w2, out=out, pdl=True, config=second)
     for _ in range(20):
         mid.fill_(float("nan"))
         out.fill_(float("nan"))
