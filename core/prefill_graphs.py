@@ -8,11 +8,15 @@ buffers, updated in place before each replay: the token ids, the positions (the 
 ``positions[0]``; ``Step.max_context`` tells each implementation that ``Step.start`` is only the
 capture's) and the index of the last real row, whose logits are the step's output.
 
-Buckets (:func:`bucket_for`): the next power of two from 32 up to 512 tokens; above 512, the next
-multiple of a quarter of the largest power of two below ``n`` (640, 768, 896, 1,024, 1,280, ...,
-4,096, 5,120, ...); never more than the chunk size (a full chunk is its own bucket). The padding
-is therefore at most 31 tokens up to 32, less than ``n`` up to 512 (where a step's time is set by
-reading the weights rather than by its tokens), and less than ``n / 4`` above.
+Buckets (:func:`bucket_for`): a chunk of at most ``MAX_GRAPH_TOKENS`` (16) tokens is its own
+bucket, unpadded: implementations compute steps that short with other kernels than longer ones (the
+Triton backend: its GEMV and decode attention, as for decode and verify steps), so padding it
+would change its bits from the eager prefill's. Above that, the next power of two from 32 up to
+512 tokens; above 512, the next multiple of a quarter of the largest power of two below ``n`` (640,
+768, 896, 1,024, 1,280, ..., 4,096, 5,120, ...); never more than the chunk size (a full chunk is
+its own bucket). The padding is therefore at most 15 tokens up to 32, less than ``n`` up to 512
+(where a step's time is set by reading the weights rather than by its tokens), and less than ``n /
+4`` above.
 
 Padding: its rows compute from token ids that are valid (zeros, or the ids a previous use left) at
 the positions after the real ones, and write their keys and values there; the KV store reserves
@@ -28,7 +32,8 @@ what earlier captures freed: the pool holds about one largest bucket's activatio
 graph's static outputs (float32 logits ``[1, V]``, and ``[bucket, hidden]`` per captured layer).
 That is safe because each graph's outputs are read before any other graph replays (the sampler
 reads the logits, a proposer the hidden states, on the same stream). At most ``max_graphs`` (8)
-are captured; past that a chunk takes the smallest captured bucket that holds it, else it runs
+buckets of more than 16 tokens are captured (the short ones, small, are not counted); past that a
+chunk of more than 16 tokens takes the smallest captured bucket that holds it, else it runs
 eagerly, as does a chunk whose padding would pass the KV capacity or the RoPE table.
 """
 
@@ -46,16 +51,19 @@ from tileinfer.interfaces import KVStore, Step
 from tileinfer.model import Qwen3Model
 
 Outputs = tuple[torch.Tensor, dict[int, torch.Tensor]]
+MAX_GRAPH_TOKENS = 16  # the longest decode or verify step; a prefill chunk this short is not padded
 MIN_BUCKET = 32
 MAX_PREFILL_GRAPHS = 8
 
 
 def bucket_for(tokens: int, chunk: int) -> int:
-    """The token count a chunk of ``tokens`` (1 <= tokens <= chunk) is padded to: the next power of
-    two >= 32 up to 512, above that the next multiple of a quarter of the largest power of two
-    below ``tokens``; at most ``chunk``."""
+    """The token count a chunk of ``tokens`` (1 <= tokens <= chunk) is padded to: itself up to
+    ``MAX_GRAPH_TOKENS``, then the next power of two >= 32 up to 512, above that the next multiple
+    of a quarter of the largest power of two below ``tokens``; at most ``chunk``."""
     if not 1 <= tokens <= chunk:
         raise ValueError(f"a chunk holds 1 to {chunk} tokens, got {tokens}")
+    if tokens <= MAX_GRAPH_TOKENS:
+        return tokens
     if tokens <= 512:
         bucket = max(MIN_BUCKET, 1 << (tokens - 1).bit_length())
     else:
@@ -100,13 +108,14 @@ class PrefillGraphs:
 
     def bucket(self, tokens: int, start: int, chunk: int) -> int | None:
         """The bucket that serves a chunk of ``tokens`` at ``start`` (chunks of at most ``chunk``):
-        :func:`bucket_for`, or when ``max_graphs`` are captured and it is not one of them the
-        smallest captured bucket that holds the chunk; None (run eagerly) when none fits below
-        :attr:`limit`."""
+        :func:`bucket_for`, or when ``max_graphs`` long buckets are captured and it is not one of
+        them the smallest captured long bucket that holds the chunk; None (run eagerly) when none
+        fits below :attr:`limit`."""
         wanted = bucket_for(tokens, chunk)
-        if wanted in self.graphs or len(self.graphs) < self.max_graphs:
+        long = [b for b in self.graphs if b > MAX_GRAPH_TOKENS]
+        if wanted in self.graphs or wanted <= MAX_GRAPH_TOKENS or len(long) < self.max_graphs:
             return wanted if start + wanted <= self.limit else None
-        fitting = [b for b in sorted(self.graphs) if tokens <= b and start + b <= self.limit]
+        fitting = [b for b in sorted(long) if tokens <= b and start + b <= self.limit]
         return fitting[0] if fitting else None
 
     def run(self, tokens: torch.Tensor, start: int, chunk: int, capture: Collection[int] = ()) -> Outputs | None:
@@ -194,4 +203,4 @@ def prefill_graphs_of(kv: KVStore) -> PrefillGraphs | None:
     return ref() if ref is not None else None
 
 
-__all__ = ["MAX_PREFILL_GRAPHS", "MIN_BUCKET", "PrefillGraphs", "bucket_for", "prefill_graphs_of", "use_prefill_graphs"]
+__all__ = ["MAX_GRAPH_TOKENS", "MAX_PREFILL_GRAPHS", "MIN_BUCKET", "PrefillGraphs", "bucket_for", "prefill_graphs_of", "use_prefill_graphs"]

@@ -27,9 +27,7 @@ import torch
 from tileinfer.graph_capture import cuda_graph_capture, warm_up
 from tileinfer.interfaces import KVStore, Step
 from tileinfer.model import Qwen3Model
-from tileinfer.prefill_graphs import PrefillGraphs, use_prefill_graphs
-
-MAX_GRAPH_TOKENS = 16
+from tileinfer.prefill_graphs import MAX_GRAPH_TOKENS, PrefillGraphs, use_prefill_graphs
 
 
 Outputs = tuple[torch.Tensor, dict[int, torch.Tensor]]

@@ -73,25 +73,37 @@ class Tokenizer:
 
 
 class StreamDecoder:
-    """Turns a growing list of token ids into text pieces, holding back an incomplete UTF-8 tail."""
+    """Turns a growing list of token ids into text pieces, holding back an incomplete UTF-8 tail;
+    the pieces and :meth:`flush` add up to ``tokenizer.decode(ids)``.
+
+    Each push decodes a short window, not the whole list: the ids from the start of the last piece
+    emitted (left context, for decoders whose text of a token depends on the one before, such as
+    SentencePiece's leading space) to the end, less the text of that piece. A token costs the same
+    however long the generation is."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = 0
+        self.start = 0  # the window's first id: the last piece's first token
+        self.read = 0  # ids before this one are in the text emitted
+        self.context = ""  # decode(ids[start:read]), the part of the window already emitted
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
+        text = self.tokenizer.decode(self.ids[self.start:])
+        if text.endswith("\ufffd") or len(text) <= len(self.context):
             return ""
-        piece, self.emitted = text[self.emitted:], len(text)
+        piece = text[len(self.context):]
+        self.start, self.read = self.read, len(self.ids)
+        self.context = self.tokenizer.decode(self.ids[self.start:self.read])
         return piece
 
     def flush(self) -> str:
         """What is left at the end, an incomplete character included (as its replacement)."""
-        text = self.tokenizer.decode(self.ids)
-        piece, self.emitted = text[self.emitted:], len(text)
+        text = self.tokenizer.decode(self.ids[self.start:])
+        piece = text[len(self.context):]
+        self.start = self.read = len(self.ids)
+        self.context = ""
         return piece
 
 

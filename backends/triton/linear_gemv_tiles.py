@@ -46,10 +46,14 @@ def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS) -> GemvConfi
       down) take BLOCK_K = 256 with 3 stages and split K until the grid has more than 1.5
       programs per SM. Within 4 % of the best swept tile on every layer but Qwen3-0.6B's o_proj
       (9 %); 32x128 / 4-warp tiles are 1-14 % slower (split-K 8 on o_proj and down). Records: bench/results/NVIDIA-H200/tiles_df4a228/.
+    - ``late_launch`` at T = 2..16: with PDL the next kernel launches after the K loop, not at the
+      start. A Qwen3-4B 16-token step after 1,024 positions 3.73 -> 3.27 ms, 2 tokens 3.67 -> 3.22
+      (bench/pdl_probe.py, record bench/results/NVIDIA-H200/steps_4395a2d/pdl_probe.json); at T = 1 the
+      early launch stays (2.73 against 2.75 ms).
     - BLOCK_K shrinks to next_pow2(K) for small K (never below 16).
     - SPLIT_K at T = 1 (``gemv_split_k``): only when the grid would leave a quarter of the SMs idle.
     """
-    return GemvConfig(*gemv_tiles(N, K, T, sms))
+    return GemvConfig(*gemv_tiles(N, K, T, sms), late_launch=T > 1)
 
 
 def gemv_tiles(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS, int8: bool = False) -> tuple[int, ...]:

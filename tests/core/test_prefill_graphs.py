@@ -70,25 +70,27 @@ def assert_same_prefill(a, b) -> None:
 
 
 def test_buckets_pad_by_less_than_a_quarter_above_512():
-    assert [bucket_for(n, 4096) for n in (1, 31, 32, 33, 100, 512, 513, 640, 641, 1000, 1024, 1025, 4000, 4096)] == [
-        32, 32, 32, 64, 128, 512, 640, 640, 768, 1024, 1024, 1280, 4096, 4096]
+    """Chunks of up to 16 tokens (a decode or verify step's length) are not padded."""
+    assert [bucket_for(n, 4096) for n in (1, 2, 16, 17, 31, 32, 33, 100, 512, 513, 640, 641, 1000, 1024, 1025, 4000,
+                                          4096)] == [
+        1, 2, 16, 32, 32, 32, 64, 128, 512, 640, 640, 768, 1024, 1024, 1280, 4096, 4096]
     assert bucket_for(5000, 32768) == 5120 and bucket_for(30000, 32768) == 32768 and bucket_for(40, 40) == 40
     for n in range(1, 9000):
         b = bucket_for(n, 8192 if n <= 8192 else n)
         assert n <= b <= max(n, 8192)
         assert b - n < (max(32, n) if n <= 512 else n / 4), (n, b)
-    assert len({bucket_for(n, 4096) for n in range(1, 4097)}) == 17
+    assert len({bucket_for(n, 4096) for n in range(1, 4097)}) == 16 + 17
     with pytest.raises(ValueError, match="1 to 64 tokens"):
         bucket_for(65, 64)
 
 
 @pytest.mark.parametrize("variant, n, chunk, buckets", [("reference", 90, 30, [30]), ("reference", 90, 64, [32, 64]),
-                                                        ("reference", 90, 4096, [128]), ("triton", 50, 20, [20])])
+                                                        ("reference", 90, 4096, [128]), ("triton", 60, 40, [32, 40])])
 def test_graphed_prefill_gives_the_eager_logits_cache_and_tokens(folder, variant, n, chunk, buckets):
     """90 tokens: chunks of 30 replay bucket 30 at starts 0, 30 and 60; chunks of 64 take buckets
     64 and 32 (26 real tokens); one chunk takes bucket 128 (38 padded rows). The Triton kernels
-    (interpreter; the logits and the cache only): 50 tokens in chunks of 20 replay bucket 20 at
-    starts 0, 20 and 40, the last with 10 padded rows."""
+    (interpreter; the logits and the cache only): 60 tokens in chunks of 40 replay bucket 40 at
+    start 0 and bucket 32 at start 40, with 12 padded rows."""
     engine = build(folder, variant, max_new_tokens=12, prefill_chunk=chunk)
     ids = prompt(n)
     eager_tokens = engine.generate(ids).token_ids if variant == "reference" else None
@@ -188,7 +190,7 @@ def test_the_padding_is_dropped_from_the_kv_store(folder):
                          ids=["int8-kv", "materialized-scores"])
 def test_the_other_reference_paths(folder, keys):
     engine = build(folder, max_new_tokens=12, prefill_chunk=30, **keys)
-    ids = prompt(70)
+    ids = prompt(80)  # chunks 30, 30 and 20, the last padded to 30
     eager_tokens = engine.generate(ids).token_ids
     eager = prefill(engine, ids, 30, None)
     graphs = graphed(engine).prefill_graphs
@@ -216,6 +218,9 @@ def test_past_the_cap_a_chunk_takes_a_larger_captured_bucket_or_runs_eagerly(fol
         assert_same_prefill(prefill(engine, ids, 4096, graphs), prefill(engine, ids, 4096, None))
         assert sorted(graphs.graphs) == captured
     assert graphs.bucket(20, 0, 4096) == 64 and graphs.bucket(100, 0, 4096) is None
+    ids = prompt(5)  # a short chunk: its own bucket, not counted against the cap
+    assert_same_prefill(prefill(engine, ids, 4096, graphs), prefill(engine, ids, 4096, None))
+    assert sorted(graphs.graphs) == [5, 64] and graphs.bucket(20, 0, 4096) == 64
 
 
 def test_graphs_captured_up_front(folder):
@@ -244,24 +249,26 @@ def test_eager_steps_prefill_eagerly(folder):
 @pytest.mark.parametrize("keys", [{}, {"kv_store": "paged_int8"}, {"proposer": "ngram", "spec_k": 3}],
                          ids=["plain", "int8-kv", "ngram"])
 def test_cuda_graphed_prefill_gives_the_eager_tokens_on_the_gpu(folder, variant, keys):
-    """Real CUDA graphs: prompts of 5 to 300 tokens in chunks of 128 (buckets 32 to 128, replayed at
-    several starts, padded or not), float32."""
+    """Real CUDA graphs: prompts of 5 to 300 tokens in chunks of 128 (buckets 5, 64 and 128, replayed
+    at several starts, padded or not), float32."""
     graphs = build(folder, variant, cuda_graphs=True, prefill_chunk=128, max_new_tokens=16, **keys)
     eager = build(folder, variant, cuda_graphs=False, prefill_chunk=128, max_new_tokens=16, **keys)
     for n in (5, 40, 128, 200, 300):
         ids = prompt(n, seed=n)
         assert graphs.generate(ids).token_ids == eager.generate(ids).token_ids, n
     pg = graphs.decoder.steps.prefill_graphs
-    assert sorted(pg.graphs) == [32, 64, 128], pg.report()
-    assert "3 prefill CUDA graphs (buckets [32, 64, 128] tokens)" in graphs.decoder.steps.report()
+    assert sorted(pg.graphs) == [5, 64, 128], pg.report()
+    assert "3 prefill CUDA graphs (buckets [5, 64, 128] tokens)" in graphs.decoder.steps.report()
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_store", ["paged", "paged_int8"])
 def test_cuda_graphed_prefill_in_bfloat16_with_the_default_config(checkpoint_factory, kv_store):
     """The default config (bfloat16, Triton, CUDA graphs, pipelined) at head_dim 128: greedy tokens
-    after graphed prefills of 1 to 1,000 tokens (chunks of 512: buckets 32 to 512, padded and
-    replayed at other starts) equal the eager prefill's."""
+    after graphed prefills of 1 to 1,000 tokens (chunks of 512: buckets 1 and 32 to 512, padded and
+    replayed at other starts) equal the eager prefill's, bit for bit. A 1-token prompt is not padded:
+    32 rows would run the GEMM, not the eager step's GEMV, whose keys differ in the last bits, and
+    the greedy tokens would part within a few steps."""
     folder = checkpoint_factory(heads=16, kv_heads=8, head_dim=128, hidden=256, layers=3, vocab=320,
                                 max_positions=4096, std=0.1)
 
@@ -274,7 +281,7 @@ def test_cuda_graphed_prefill_in_bfloat16_with_the_default_config(checkpoint_fac
         ids = [(7 * i + n) % 300 for i in range(n)]
         got, expected = graphed_engine.generate(ids, ignore_eos=True), eager.generate(ids, ignore_eos=True)
         assert got.token_ids == expected.token_ids, n
-    assert sorted(graphed_engine.decoder.steps.prefill_graphs.graphs) == [32, 128, 256, 512]
+    assert sorted(graphed_engine.decoder.steps.prefill_graphs.graphs) == [1, 32, 128, 256, 512]
 
 
 def test_the_graphs_do_not_keep_an_engine_alive(folder):

@@ -46,7 +46,7 @@ def jobs():
         consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, NORM=norm,
                       NORM_K=HIDDEN if norm else 0, NORM_HALF=row_half if norm else 1, RESIDUAL=residual,
-                      FUSED_REDUCE=fused)
+                      FUSED_REDUCE=fused, LATE_LAUNCH=cfg.late_launch)
         types = {"eps": "fp32", "lock_ptr": "*i32", **({"y_ptr": "*fp32"} if fused else {})}
         out.append(("gemv", base + "linear_gemv", "_gemv_kernel", consts, types, cfg.num_warps, cfg.num_stages, {}))
     for swiglu, pdl in itertools.product([False, True], repeat=2):
@@ -166,7 +166,8 @@ if __name__ == "__main__":
 
 # kernels that load a weight (immutable) before the grid dependency wait; the others wait first
 WEIGHT_BEFORE_WAIT = {"gemv", "rms_norm_heads", "rms_norm_rows", "attention_inputs", "attention_inputs_int8"}
-# kernels that let the next kernel launch only after their own wait (the others at their start)
+# kernels that let the next kernel launch only after their own wait (the others at their start,
+# but the GEMVs compiled with LATE_LAUNCH: after their K loop)
 LAUNCH_AFTER_WAIT = {"attention_inputs", "attention_inputs_int8"}
 # kernel name -> variants compiled (each with PDL on and off)
 EXPECTED = {
@@ -188,7 +189,8 @@ def test_kernels_compile_for_sm90_with_and_without_pdl(tmp_path):
         if r["pdl"]:
             assert r["waits"] >= 1 and r["launches"] >= 1 and r["wait_before_store"], r
             assert (r["loads_before_wait"] > 0) == (r["name"] in WEIGHT_BEFORE_WAIT), r
-            assert r["launch_after_wait"] == (r["name"] in LAUNCH_AFTER_WAIT), r
+            late = r["consts"].get("LATE_LAUNCH") == "True"
+            assert r["launch_after_wait"] == (r["name"] in LAUNCH_AFTER_WAIT or late), r
         else:
             assert r["waits"] == 0 and r["launches"] == 0, r
     for name in EXPECTED:  # each kernel both ways

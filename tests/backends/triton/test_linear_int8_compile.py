@@ -64,12 +64,13 @@ for T in (1, 16):
             consts = dict(BLOCK_T=G.GEMV_BLOCK_T if T > 1 else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                           USE_DOT=T > 1, SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, PDL=pdl, NORM=norm,
                           NORM_K=k if norm else 0, NORM_HALF=1024 if norm else 1, RESIDUAL=False, BITS=bits,
-                          FUSED_REDUCE=False)
+                          FUSED_REDUCE=False, LATE_LAUNCH=cfg.late_launch)
             ptx = compile_ptx(G._gemv_int8_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
             out.append(describe("gemv", ptx, T=T, shape=[n, k], bits=bits, pdl=pdl, plain=not (swiglu or norm)))
 bcfg = B.gemv_config(151936, 2560, 1)
 consts = dict(BLOCK_T=1, BLOCK_N=bcfg.block_n, BLOCK_K=bcfg.block_k, USE_DOT=False, SWIGLU=False, DOT_F32=False,
-              EVEN_K=True, PDL=True, NORM=False, NORM_K=0, NORM_HALF=1, RESIDUAL=False, FUSED_REDUCE=False)
+              EVEN_K=True, PDL=True, NORM=False, NORM_K=0, NORM_HALF=1, RESIDUAL=False, FUSED_REDUCE=False,
+              LATE_LAUNCH=bcfg.late_launch)
 out.append(describe("bf16_gemv", compile_ptx(B._gemv_kernel, consts, {"eps": "fp32", "lock_ptr": "*i32"},
                                              bcfg.num_warps, bcfg.num_stages)))
 for swiglu in (False, True):

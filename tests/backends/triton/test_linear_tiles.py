@@ -32,6 +32,7 @@ def test_gemv_config_rule(name, T):
         assert cfg.split_k == 1 and cfg.block_k == 128  # qkv (4B), gate_up, lm_head
     else:  # o_proj, down: longer K chunks, split until the grid has more than 1.5 programs per SM
         assert cfg.block_k == 256 and 2 * row_blocks * cfg.split_k > 3 * 132 and per_split >= 2
+    assert cfg.late_launch == (T > 1)  # PDL: a verify GEMV lets the next kernel launch after its K loop
     assert gemv_config(N, K, T) == cfg  # deterministic
 
 

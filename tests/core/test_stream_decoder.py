@@ -1,0 +1,101 @@
+"""StreamDecoder (core/tokenizer.py): the text of a generation piece by piece, as Engine.stream
+yields it. The pieces add up to the whole decode, a multi-byte character split over tokens is held
+back until it is complete, and each token decodes a window of bounded length, however long the
+generation (the cost of a token must not grow with the text before it)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers
+
+from tileinfer.tokenizer import StreamDecoder, Tokenizer
+
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "target"
+TEXT = (Path(__file__).resolve().parents[2] / "core" / "engine.py").read_text(encoding="utf-8")[:3000] + (
+    " héllo 😀 日本語のテキスト 🤖🤖 ünïcödé, Ελληνικά\n\tdone.")
+
+
+class Spy:
+    """A tokenizer whose decode records the length of every id list it is given."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.lengths = tokenizer, []
+
+    def decode(self, ids: list[int]) -> str:
+        self.lengths.append(len(ids))
+        return self.tokenizer.decode(ids)
+
+
+def metaspace_tokenizer() -> Tokenizer:
+    """A SentencePiece-style tokenizer (Metaspace: a word's leading space is its first token's '▁',
+    dropped at the start of a decode) with a byte-less word-level vocabulary."""
+    words = sorted(set(TEXT.split()))
+    vocab = {"<unk>": 0, **{f"▁{w}": i + 1 for i, w in enumerate(words)}}
+    hf = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Metaspace()
+    return Tokenizer(hf, None, {})
+
+
+def pieces(tokenizer, ids: list[int]) -> list[str]:
+    stream = StreamDecoder(tokenizer)
+    return [stream.push(t) for t in ids] + [stream.flush()]
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Tokenizer:
+    return Tokenizer.from_folder(SHIPPED)
+
+
+def test_pieces_add_up_to_the_whole_decode(shipped):
+    ids = shipped.encode(TEXT)
+    for n in (1, 2, 7, 100, len(ids)):
+        assert "".join(pieces(shipped, ids[:n])) == shipped.decode(ids[:n])
+
+
+def test_random_ids_add_up_too(shipped):
+    """Ids that are not text (byte tokens out of order, special tokens): still the whole decode."""
+    rng = random.Random(3)
+    for _ in range(20):
+        ids = [rng.randrange(shipped.vocab_size) for _ in range(rng.randrange(1, 60))]
+        assert "".join(pieces(shipped, ids)) == shipped.decode(ids)
+
+
+def test_a_split_character_is_held_back_until_complete(shipped):
+    ids = shipped.encode("a😀b")
+    out = pieces(shipped, ids)
+    assert all("\ufffd" not in p for p in out)
+    assert "😀" in out and "".join(out) == "a😀b"
+    assert out.index("😀") == len(shipped.encode("a😀")) - 1  # emitted with the character's last byte
+
+
+def test_an_incomplete_tail_is_flushed_as_its_replacement(shipped):
+    ids = shipped.encode("ok😀")[:-1]  # the emoji's last byte token missing
+    out = pieces(shipped, ids)
+    assert "".join(out[:-1]) == "ok" and out[-1] == shipped.decode(ids)[2:] and "\ufffd" in out[-1]
+
+
+def test_the_leading_space_of_a_metaspace_decoder_is_kept():
+    """A window starting mid-text would lose a word's leading space if decoded alone; the decoder
+    keeps the last piece as left context."""
+    tok = metaspace_tokenizer()
+    ids = tok.encode(" ".join(TEXT.split()[:200]))
+    assert 0 not in ids
+    out = pieces(tok, ids)
+    assert "".join(out) == tok.decode(ids)
+    assert all(p.startswith(" ") for p in out[1:-1] if p)
+
+
+def test_each_token_decodes_a_bounded_window(shipped):
+    """Over a 700-token generation, no decode sees more than a few ids (the old decoder decoded
+    all of them at every token)."""
+    ids = shipped.encode(TEXT)[:700]
+    spy = Spy(shipped)
+    text = "".join(pieces(spy, ids))
+    assert text == shipped.decode(ids)
+    assert len(spy.lengths) <= 2 * len(ids) + 1
+    assert max(spy.lengths) <= 16, max(spy.lengths)
