@@ -1,7 +1,7 @@
 """What one decode or verify step costs: ms per step of T tokens after N cached positions.
 
     python bench/step_costs.py [--shape NAME... | --model DIR] [--variant NAME]... [--tokens 1,2,4,8,16]
-                               [--contexts 1024,8192] [--profile] [--out DIR]
+                               [--contexts 1024,8192] [--loop PROPOSER@K]... [--profile] [--out DIR]
 
 For each shape and variant the engine is built once (its KV pool sized for the longest context),
 a random prompt of N tokens is prefilled, and then the step runner the engine decodes with (CUDA
@@ -13,8 +13,14 @@ the 1-token step's at the same context, what divides every proposer's speedup) a
 ``roofline_ms`` (the bytes a step reads, weights once plus the cached K and V, at the copy
 bandwidth measured in the same run). ``--profile`` also records, per step, the device time of each
 kernel (torch.profiler over 10 calls, summed by kernel name, per call) as the row's ``kernels_us``
-and prints the kernels that make up the step's cost. Without a GPU the shape is tiny and the contexts 32x shorter,
-which checks the script, not the figures. Writes ``step_costs.json`` under --out and prints a table.
+and prints the kernels that make up the step's cost. ``--loop ngram@15`` also times the
+device-resident speculative loop's whole step with that proposer drafting K tokens (the proposer's
+draft, the verify of K + 1 tokens, the acceptance: one graph replay; a step of the default
+variant, the proposer's defaults otherwise, e.g. the shipped drafters with the shipped model),
+after the same N positions: workload ``loop_{proposer}{K}_ctx{N}``, ``ratio_to_step1`` over the
+first variant's 1-token step, the measured step-cost ratio a proposer's speedup divides by.
+Without a GPU the shape is tiny and the contexts 32x shorter, which checks the script, not the
+figures. Writes ``step_costs.json`` under --out and prints a table.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from workloads import EngineRunner, free_memory, random_prompt  # noqa: E402
 import tileinfer  # noqa: E402
 
 SCRATCH = Path("/tmp/tileinfer-checkpoints")
+MAX_LOOP_K = 15  # the device loop drafts at most 15 tokens a step
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,6 +63,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cached positions before the step, comma-separated (default 1024,8192; 32,256 on a CPU)")
     p.add_argument("--repeats", type=int, default=50 if gpu else 3, help="timed calls per step (median)")
     p.add_argument("--checkpoints", type=Path, default=SCRATCH, help="where random checkpoints are written once")
+    p.add_argument("--loop", action="append", default=[], metavar="PROPOSER@K",
+                   help="also time the device loop's whole step with this proposer drafting K tokens (repeatable)")
     p.add_argument("--profile", action="store_true", help="also record each step's per-kernel device times")
     p.add_argument("--commit", help="commit hash to record (default: git rev-parse of this checkout)")
     p.add_argument("--out", type=Path, default=Path("bench/results/steps"), help="folder for step_costs.json")
@@ -68,6 +77,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.variant = args.variant or ["default"]
     args.tokens = [int(t) for t in args.tokens.split(",")]
     args.contexts = [int(n) for n in args.contexts.split(",")]
+    args.loop = [loop_spec(p, spec) for spec in args.loop]
+    if args.loop and 1 not in args.tokens:
+        p.error("--loop: its ratio is over the 1-token step; keep 1 in --tokens")
     if not gpu:
         for shape in args.shape:
             if reason := cpu_refusal(shape):
@@ -113,6 +125,53 @@ def kernel_profile(engine: tileinfer.Engine, tokens: int, context: int, calls: i
     return dict(sorted(times.items(), key=lambda kv_: -kv_[1]))
 
 
+def loop_spec(p: argparse.ArgumentParser, spec: str) -> tuple[str, int]:
+    """``PROPOSER@K`` -> ``(proposer, k)``; a one-line parser error otherwise."""
+    name, _, k = spec.partition("@")
+    if not name or not k.isdigit() or not 1 <= int(k) <= MAX_LOOP_K:
+        p.error(f"--loop {spec}: expected PROPOSER@K with K in 1..{MAX_LOOP_K}, e.g. ngram@15")
+    return name, int(k)
+
+
+def loop_step_ms(engine: tileinfer.Engine, k: int, context: int, repeats: int) -> float:
+    """Median ms of the device loop's step drafting ``k`` tokens, after a prefill of ``context``
+    random tokens (the proposer fed the prompt as the decoder feeds it). The sequence grows by each
+    call's committed tokens; its pages are reserved up front."""
+    from dflash_step import device_loop
+
+    from tileinfer.decoding import prefill
+
+    loop, proposer = device_loop(engine, k), engine.proposer
+    ids = random_prompt(context, engine.model_config.vocab_size)
+    engine.kv.reset()
+    with torch.inference_mode():
+        first = prefill(engine.model, engine.kv, engine.sampler, ids, proposer.hidden_layers,
+                        chunk=engine.config.prefill_chunk, on_chunk=proposer.prompt_chunk)
+        loop.begin(ids, first, (repeats + 8) * (k + 1))
+        return median_seconds(lambda: loop.step(k), engine.device, repeats=repeats, warmup=3) * 1e3
+
+
+def measure_loops(folder: Path, shape: str, args, env: dict, step1: dict[int, float]) -> list[dict]:
+    """The ``--loop`` rows of one checkpoint; ``step1``: the 1-token step's ms per context."""
+    rows = []
+    capacity = max(args.contexts) + (args.repeats + 12) * (MAX_LOOP_K + 1)
+    for name, k in args.loop:
+        sources, overrides = engine_args("default", [f"proposer={name}", f"spec_k={k}"])
+        runner = EngineRunner(folder, sources, overrides, capacity)
+        try:
+            for n in args.contexts:
+                ms = loop_step_ms(runner.engine, k, n, args.repeats)
+                rows.append({"shape": shape, "variant": "default", "peer": None, "workload": f"loop_{name}{k}_ctx{n}",
+                             "value": ms, "unit": "ms", "proposer": name, "k": k, "context": n,
+                             "ratio_to_step1": ms / step1[n], "roofline_fraction": None, "tflops": None,
+                             "peak_fraction": None, **env})
+                print(f"{shape:11} {name + '@' + str(k):10} loop N={n:6} {ms:8.3f} ms  x{ms / step1[n]:5.2f}", flush=True)
+        finally:
+            runner.close()
+            free_memory()
+    return rows
+
+
 def measure_variant(folder: Path, shape: str, variant: str, args, env: dict) -> list[dict]:
     sources, overrides = engine_args(variant)
     runner = EngineRunner(folder, sources, overrides, max(args.contexts) + max(args.tokens))
@@ -155,6 +214,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for variant in args.variant:
             rows += measure_variant(folder, shape, variant, args, env)
             free_memory()
+        if args.loop:
+            step1 = {r["context"]: r["value"] for r in rows
+                     if r["shape"] == shape and r["variant"] == args.variant[0] and r.get("tokens") == 1}
+            rows += measure_loops(folder, shape, args, env, step1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step_costs.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows

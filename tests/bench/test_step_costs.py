@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,4 +55,31 @@ def test_bad_model_arguments_are_one_line_errors(tmp_path, tiny_checkpoint, caps
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit):
         steps.parse([a.format(empty=tmp_path / "empty", ckpt=tiny_checkpoint) for a in argv])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke of the script")
+def test_the_device_loops_step_is_recorded_beside_the_plain_step(tmp_path):
+    """The shipped model with its drafters: each --loop row is over the same run's 1-token step."""
+    steps = load_script("bench/step_costs.py", "tileinfer_bench_step_costs")
+    shipped = Path(__file__).resolve().parents[2] / "models" / "target"
+    rows = steps.main(["--model", str(shipped), "--tokens", "1", "--contexts", "12", "--repeats", "1",
+                       "--loop", "ngram@2", "--loop", "dflash@3", "--out", str(tmp_path)])
+    assert [r["workload"] for r in rows] == ["step1_ctx12", "loop_ngram2_ctx12", "loop_dflash3_ctx12"]
+    for r in rows[1:]:
+        assert math.isfinite(r["value"]) and r["value"] > 0
+        assert r["ratio_to_step1"] == pytest.approx(r["value"] / rows[0]["value"])
+    assert [(r["proposer"], r["k"]) for r in rows[1:]] == [("ngram", 2), ("dflash", 3)]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--loop", "ngram"], "expected PROPOSER@K with K in 1..15"),
+    (["--loop", "ngram@16"], "expected PROPOSER@K with K in 1..15"),
+    (["--loop", "@3"], "expected PROPOSER@K"),
+    (["--loop", "ngram@3", "--tokens", "2,4"], "keep 1 in --tokens"),
+])
+def test_bad_loop_arguments_are_one_line_errors(capsys, argv, message):
+    steps = load_script("bench/step_costs.py", "tileinfer_bench_step_costs")
+    with pytest.raises(SystemExit):
+        steps.parse(argv)
     assert message in capsys.readouterr().err
