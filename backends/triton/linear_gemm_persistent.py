@@ -47,7 +47,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from tileinfer.backends.triton.device_functions import round_to, silu_mul_f32
 from tileinfer.backends.triton.interpreter import sms_of
 from tileinfer.backends.triton.linear_gemm import store_gemm
-from tileinfer.backends.triton.linear_gemv import split_counters
+from tileinfer.backends.triton.linear_split_counters import split_counters
 from tileinfer.backends.triton.linear_int8_gemv import int8_to
 
 # The split rule's cost model (estimates until the sweep measures the split tiles): one SM's MMA

@@ -58,6 +58,7 @@ from tileinfer.backends.triton.linear_gemv_tiles import (
 )
 from tileinfer.backends.triton.pdl import launch_options
 from tileinfer.backends.triton.rms_norm import norm_launch_config
+from tileinfer.backends.triton.linear_split_counters import split_counters
 
 GEMV_BLOCK_T = 16  # token rows of the GEMV's tl.dot (T = 2..16 padded to 16)
 REDUCE_BLOCK = 1024
@@ -389,21 +390,5 @@ def launch_gemv_kernel(kernel, x: torch.Tensor, weights: tuple[torch.Tensor, ...
                                 RESIDUAL=has_residual, num_warps=4, enable_fp_fusion=True, **launch_options(pdl))
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MAX_COUNTERS = 1 << 16
-
-
-def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
-    """The split-K counters of ``reduce_if_last`` on ``device``: int32 zeros, one per column block,
-    shared by every launch (each leaves them at 0; launches on one stream run one after the other).
-    Made once per device, outside any CUDA graph capture in the engine (its steps are run once
-    before they are captured)."""
-    assert blocks <= MAX_COUNTERS, f"{blocks} column blocks: more than the {MAX_COUNTERS} split-K counters"
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        counters = _COUNTERS[device] = torch.zeros(MAX_COUNTERS, dtype=torch.int32, device=device)
-    return counters
-
-
 __all__ = ["LM_HEAD_ROWS", "GemvConfig", "gemv_config", "gemv_program", "gemv_rows", "gemv_split_k", "gemv_tiles", "launch_gemv", "launch_late",
-           "launch_gemv_kernel", "reduce_if_last", "split_counters", "store_gemv", "verify_tiles"]
+           "launch_gemv_kernel", "reduce_if_last", "store_gemv", "verify_tiles"]

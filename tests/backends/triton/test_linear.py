@@ -215,7 +215,7 @@ def test_fused_split_reduce_is_the_reduce_kernel_bit_for_bit(T):
     """Split-K with the partials added by the last split's program (fused_reduce): the bits of the
     reduce kernel, with the norm prologue, the residual and a float32 output, over N tails (N = 88
     in 16-column blocks) and a partial last K chunk; the counters are left at 0 for the next launch."""
-    from tileinfer.backends.triton.linear_gemv import split_counters
+    from tileinfer.backends.triton.linear_split_counters import split_counters
 
     dtype = torch.float16
     N, K = 88, 136

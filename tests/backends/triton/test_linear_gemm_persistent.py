@@ -21,7 +21,7 @@ from tileinfer.backends.triton import linear_gemm_persistent as persistent
 from tileinfer.backends.triton.add import add
 from tileinfer.backends.triton.linear import GemmConfig, linear
 from tileinfer.backends.triton.linear_gemm_persistent import balance, split_plan, tma_ok
-from tileinfer.backends.triton.linear_gemv import split_counters
+from tileinfer.backends.triton.linear_split_counters import split_counters
 from tileinfer.backends.triton.linear_int8 import Int8GemmConfig, linear_int8
 from tileinfer.backends.triton.silu_mul import silu_mul
 
