@@ -165,7 +165,7 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
     quant = int8_pages(k_scale, v_scale, k_smooth)
     t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out, quant)
     if positions is None:
-        positions = torch.tensor([start], dtype=torch.int64, device=q.device)
+        positions = torch.full((1,), start, dtype=torch.int64, device=q.device)  # a fill: capturable
     assert positions.device == q.device and positions.dtype == torch.int64, "positions must be int64 on q's device"
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -204,7 +204,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     assert t <= SMALL_STEP_MAX_TOKENS, (
         f"the decode kernel takes at most {SMALL_STEP_MAX_TOKENS} new tokens, got {t}")
     if positions is None:
-        positions = torch.tensor([start], dtype=torch.int64, device=q.device)
+        positions = torch.full((1,), start, dtype=torch.int64, device=q.device)  # a fill: capturable
     assert positions.device == q.device and positions.dtype == torch.int64, "positions must be int64 on q's device"
     if num_splits is None:
         num_splits = decode_splits(start + t, quant is not None)
