@@ -5,13 +5,15 @@
 #
 #   check     what                                                                         minutes
 #   steps     bench/step_costs.py (default and no-pdl, with kernel profiles; the shipped model's
-#             steps, which its speculative table divides by), bench/pdl_probe.py                 6
+#             steps and its device loop's steps), bench/pdl_probe.py                               6
 #   gemv      GEMV tiles at T = 1, 2, 16 (bench/kernels/linear.py and linear_int8.py --sweep, with
 #             the fused split-K reduce; gemlite's A16W8 beside the int8 rows), the int8 decode
 #             attention with and without its tile prefetch (paged_attention.py --int8-prefetch)      8
 #   gemm      prefill GEMM tiles at T = 1,024, the persistent GEMMs among them (both scripts)       9
-#   spec      bench/speculative.py on the shipped family (device loop; every proposer's best k) and
-#             bench/dflash_step.py (one DFlash step at the Qwen3-4B shape against a decode step)   6
+#   spec      bench/speculative.py on the shipped family (device loop; every proposer's best k), the
+#             device loop's step per proposer and k in the same call (step_costs.py --loop: what
+#             the speedups divide by) and bench/dflash_step.py (one DFlash step at the Qwen3-4B
+#             shape against a decode step)                                                          7
 #   ttft      bench/run.py at prefill1024 (both shapes): the default, no-cuda-graphs, torch-matmul
 #             (cuBLAS linears) and the peers hf-sdpa and engine-compiled in the same run; then
 #             prefill8192 / prefill32768 at Qwen3-4B (time to first token, % of the matmul peak)  8
@@ -39,8 +41,9 @@ case $check in
 steps)
   step 300 python3 bench/step_costs.py --profile --variant default --variant no-pdl --commit "$COMMIT" --out "$dir" \
     > "$dir/step_costs.log" 2>&1; grep -E "T= ?[0-9]+ " "$dir/step_costs.log" | head -40
-  step 60 python3 bench/step_costs.py --model models/target --contexts 1024 --commit "$COMMIT" --out "$dir/shipped" \
-    > "$dir/step_costs_shipped.log" 2>&1; grep -E "T= ?[0-9]+ " "$dir/step_costs_shipped.log"
+  step 90 python3 bench/step_costs.py --model models/target --contexts 1024 --loop ngram@15 --loop draft@7 \
+    --loop dflash@7 --commit "$COMMIT" --out "$dir/shipped" > "$dir/step_costs_shipped.log" 2>&1
+  grep -E "T= ?[0-9]+ |loop N" "$dir/step_costs_shipped.log"
   step 240 python3 bench/pdl_probe.py --out "$dir/pdl_probe.json" > "$dir/pdl_probe.log" 2>&1
   cat "$dir/pdl_probe.log" | grep "T=" ;;
 gemv)
@@ -59,6 +62,9 @@ spec)
   step 330 python3 bench/speculative.py --device cuda --new-tokens 256 --repeats 3 --k ngram=7,15 --k draft=3,7 \
     --k dflash=7,15 --commit "$COMMIT" --out "$dir/speculative_target.json" > "$dir/speculative.log" 2>&1
   tail -25 "$dir/speculative.log" | cut -c1-160
+  step 90 python3 bench/step_costs.py --model models/target --contexts 1024 --repeats 40 --loop ngram@7 \
+    --loop ngram@15 --loop draft@3 --loop draft@7 --loop dflash@7 --loop dflash@15 --commit "$COMMIT" \
+    --out "$dir/shipped" > "$dir/step_costs_shipped.log" 2>&1; grep -E "T= ?[0-9]+ |loop N" "$dir/step_costs_shipped.log"
   step 150 python3 bench/dflash_step.py --commit "$COMMIT" --out "$dir" > "$dir/dflash_step.log" 2>&1
   tail -14 "$dir/dflash_step.log" ;;
 ttft)
