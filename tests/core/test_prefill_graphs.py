@@ -85,12 +85,12 @@ def test_buckets_pad_by_less_than_a_quarter_above_512():
 
 
 @pytest.mark.parametrize("variant, n, chunk, buckets", [("reference", 90, 30, [30]), ("reference", 90, 64, [32, 64]),
-                                                        ("reference", 90, 4096, [128]), ("triton", 60, 40, [32, 40])])
+                                                        ("reference", 90, 4096, [128]), ("triton", 57, 20, [20])])
 def test_graphed_prefill_gives_the_eager_logits_cache_and_tokens(folder, variant, n, chunk, buckets):
     """90 tokens: chunks of 30 replay bucket 30 at starts 0, 30 and 60; chunks of 64 take buckets
     64 and 32 (26 real tokens); one chunk takes bucket 128 (38 padded rows). The Triton kernels
-    (interpreter; the logits and the cache only): 60 tokens in chunks of 40 replay bucket 40 at
-    start 0 and bucket 32 at start 40, with 12 padded rows."""
+    (interpreter; the logits and the cache only): 57 tokens in chunks of 20 replay bucket 20 at
+    starts 0, 20 and 40, the last with 3 padded rows."""
     engine = build(folder, variant, max_new_tokens=12, prefill_chunk=chunk)
     ids = prompt(n)
     eager_tokens = engine.generate(ids).token_ids if variant == "reference" else None
