@@ -6,7 +6,7 @@ VENV ?= .venv
 
 install:
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q torch==2.13.0 -e '.[test]'
+	$(VENV)/bin/pip install -q -c constraints.txt torch==2.13.0 -e '.[test]'
 
 test: install
 	$(VENV)/bin/python -m pytest -q
