@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
 
-import prompts as prompts_mod  # noqa: E402
+from tileinfer.models import prompts as prompts_mod  # noqa: E402
 from records import git_commit  # noqa: E402
 import tileinfer  # noqa: E402
 from tileinfer.interfaces import SamplingParams  # noqa: E402

@@ -39,7 +39,7 @@ import httpx  # noqa: E402
 import torch  # noqa: E402
 import uvicorn  # noqa: E402
 
-import prompts as prompts_mod  # noqa: E402
+from tileinfer.models import prompts as prompts_mod  # noqa: E402
 from generation_defaults import heldout_prompts  # noqa: E402
 from records import git_commit  # noqa: E402
 import tileinfer  # noqa: E402

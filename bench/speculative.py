@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-import prompts as prompts_mod  # noqa: E402
+from tileinfer.models import prompts as prompts_mod  # noqa: E402
 from records import git_commit, triton_version  # noqa: E402
 import tileinfer  # noqa: E402
 from tileinfer.errors import TileinferError  # noqa: E402

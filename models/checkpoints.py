@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tokenizer import ENDOFTEXT, IM_END, copy_files
+from .tokenizer import ENDOFTEXT, IM_END, copy_files
 
 
 def rng_state() -> dict:

@@ -1,7 +1,7 @@
 """Build a corpus of Python source from files every machine already has: the standard library
 and the installed packages (site-packages) of the Python that runs this script.
 
-    python models/corpus.py OUT_DIR [--max-files N] [--roots stdlib,site-packages]
+    python -m tileinfer.models.corpus OUT_DIR [--max-files N] [--roots stdlib,site-packages]
 
 Each file is named by a label and its path below its root (``stdlib/json/decoder.py``,
 ``site-packages/numpy/linalg/_linalg.py``). Files are kept when they are ``.py``, UTF-8, 200 B to

@@ -1,10 +1,10 @@
 """Token streams for training: the corpus encoded with the trained tokenizer, plus chat examples.
 
-    python models/data.py CORPUS_DIR TOKENIZER_DIR OUT_DIR [--max-train-mb 320] [--seed 0]
+    python -m tileinfer.models.data CORPUS_DIR TOKENIZER_DIR OUT_DIR [--max-train-mb 320] [--seed 0]
 
 ``train.bin``: the training files in a seeded random order (up to ``--max-train-mb`` of them),
 each followed by ``<|endoftext|>`` (id 0), as uint16. Mixed in, as further documents, chat
-examples of the two benchmark tasks made from training files (bench/prompts.py formats them):
+examples of the two benchmark tasks made from training files (models/prompts.py formats them):
 
 - edit (``--edit-frac`` of the files that define a class): the file's head (whole lines, 300 B to
   3.2 KB), the instruction to rename its most used class to another name, and the renamed head as
@@ -21,7 +21,6 @@ teach the format, the EOS of a reply, and copying; they are ~5-10 % of the token
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import sys
@@ -30,23 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from corpus import read_docs  # noqa: E402
-
-
-def load_prompts():
-    """bench/prompts.py, loaded by path (bench/ is no package, and a `bench` elsewhere must not shadow it)."""
-    name = "tileinfer_bench_prompts"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, HERE.parent / "bench" / "prompts.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-prompts = load_prompts()
+from . import prompts
+from .corpus import read_docs
 
 ENDOFTEXT = 0
 SUFFIXES = ("V2", "Impl", "Base", "Ex", "Helper", "Manager", "Wrapper", "Proxy", "Legacy", "Core")

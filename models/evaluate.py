@@ -1,8 +1,8 @@
-"""Check trained models on the benchmark prompts with transformers (no tileinfer needed).
+"""Check trained models on the benchmark prompts with transformers (not with the engine).
 
-    python models/evaluate.py --target models/target --draft models/draft [--out FILE.json]
+    python -m tileinfer.models.evaluate --target models/target --draft models/draft [--out FILE.json]
 
-For each prompt of bench/prompts.py (EDIT and OPEN on the three files of models/heldout/, at most
+For each prompt of models/prompts.py (EDIT and OPEN on the three files of models/heldout/, at most
 ``--max-tokens`` tokens) the target generates ``--new-tokens`` greedy tokens. Reported per prompt:
 the reply's first tokens as text; for EDIT, how many of its tokens agree with the expected renamed
 file from the start (``edit_prefix_tokens``) and whether the reply's text so far is a prefix of it;
@@ -21,11 +21,7 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from data import load_prompts  # noqa: E402
-
-prompts = load_prompts()
+from . import prompts
 
 
 def load(folder: Path, device: torch.device):

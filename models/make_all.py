@@ -1,8 +1,8 @@
 """Make the shipped models in one command: corpus -> tokenizer -> token streams -> train the target
 -> train the draft -> evaluate -> pack, within a deadline.
 
-    python3 models/make_all.py --out "$OUT"            # on the GPU machine (defaults: 4.5 + 1.5 min, at most 9 min)
-    python models/make_all.py --out build/models --quick   # a CPU smoke run of every stage (~1 min)
+    python3 -m tileinfer.models.make_all --out "$OUT"      # on the GPU machine (4.5 + 1.5 min, at most 9 min)
+    python -m tileinfer.models.make_all --out build/models --quick   # a CPU smoke run of every stage (~1 min)
 
 Everything heavy goes to ``--work`` (default build/models-work); ``--out`` receives at most 8
 files of at most 15 MiB, in one folder (what the device tool brings back):
@@ -79,7 +79,8 @@ class Run:
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=2, ensure_ascii=False) + "\n")
 
     def stage(self, name: str, argv: list[str]) -> bool:
-        """Run a script of models/ as a subprocess, its output to the console and the log."""
+        """Run a module of tileinfer.models (``argv``: ``-m NAME ARGS...``) as a subprocess, its output to
+        the console and the log."""
         self.say(f"{name}: {' '.join(argv)}")
         t0 = time.time()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -139,7 +140,8 @@ def weight_bytes(run_dir: Path) -> int:
 
 def train_and_pack(run: Run, size: str, minutes: float, common: list[str], extra: dict[str, Path]) -> bool:
     run_dir = run.work / size
-    argv = ["models/train.py", "--size", size, *common, "--out", str(run_dir), "--minutes", f"{minutes:.2f}"]
+    argv = ["-m", "tileinfer.models.train", "--size", size, *common, "--out", str(run_dir),
+            "--minutes", f"{minutes:.2f}"]
     if run.args.resume:
         argv.append("--resume")
     if run.args.compile:
@@ -165,7 +167,7 @@ def train_dflash(run: Run, minutes: float, data: Path) -> bool:
         run.say(f"dflash skipped: {minutes:.2f} min left for it")
         return False
     run_dir = run.work / "dflash"
-    argv = ["models/train_dflash.py", "--target", str(run.work / "target" / "model"), "--data", str(data),
+    argv = ["-m", "tileinfer.models.train_dflash", "--target", str(run.work / "target" / "model"), "--data", str(data),
             "--out", str(run_dir), "--minutes", f"{minutes:.2f}"]
     if run.args.quick:
         argv += ["--seq-len", "128", "--batch", "4", "--anchors", "4", "--threads", "1", "--reserve-s", "5"]
@@ -210,11 +212,11 @@ def main(argv: list[str] | None = None) -> dict:
     corpus, tok, data = args.work / "corpus", args.work / "tokenizer", args.work / "data"
     reuse = args.resume and (data / "meta.json").is_file()
     if not reuse:
-        corpus_argv = ["models/corpus.py", str(corpus)] + (["--max-files", "300"] if args.quick else [])
+        corpus_argv = ["-m", "tileinfer.models.corpus", str(corpus)] + (["--max-files", "300"] if args.quick else [])
         if not (run.stage("corpus", corpus_argv)
-                and run.stage("tokenizer", ["models/tokenizer.py", str(corpus), str(tok), "--vocab", str(args.vocab),
-                                            "--sample-mb", str(args.tokenizer_sample_mb)])
-                and run.stage("data", ["models/data.py", str(corpus), str(tok), str(data),
+                and run.stage("tokenizer", ["-m", "tileinfer.models.tokenizer", str(corpus), str(tok),
+                                            "--vocab", str(args.vocab), "--sample-mb", str(args.tokenizer_sample_mb)])
+                and run.stage("data", ["-m", "tileinfer.models.data", str(corpus), str(tok), str(data),
                                        "--max-train-mb", str(args.max_train_mb)])):
             run.say("preparation failed; see the log")
             return run.summary
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     if target_ok and args.dflash_min > 0:
         train_dflash(run, min(args.dflash_min, run.left_min() - tail), data)
     if target_ok:
-        evaluate_argv = ["models/evaluate.py", "--target", str(args.work / "target" / "model"),
+        evaluate_argv = ["-m", "tileinfer.models.evaluate", "--target", str(args.work / "target" / "model"),
                          "--out", str(args.work / "evaluate.json")]
         if draft_ok:
             evaluate_argv += ["--draft", str(args.work / "draft" / "model")]

@@ -1,6 +1,6 @@
 """Train the byte-level BPE tokenizer of the shipped models on the corpus' training split.
 
-    python models/tokenizer.py CORPUS_DIR OUT_DIR [--vocab 8192] [--sample-mb 64]
+    python -m tileinfer.models.tokenizer CORPUS_DIR OUT_DIR [--vocab 8192] [--sample-mb 64]
 
 Qwen's pre-tokenizer (its split regex, then byte-level without the regex: single digits,
 indentation runs as their own pieces) and no normalizer, so that ``decode(encode(text)) == text``
@@ -27,8 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpus import read_docs  # noqa: E402
+from .corpus import read_docs
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ENDOFTEXT, IM_START, IM_END = 0, 1, 2

@@ -1,8 +1,8 @@
 """Train a shipped model: exactly Qwen3 (transformers' Qwen3ForCausalLM), on the token streams of
 models/data.py, with the tokenizer of models/tokenizer.py.
 
-    python models/train.py --size target --data DATA_DIR --tokenizer TOK_DIR --out RUN_DIR --minutes 4
-    python models/train.py --size draft  ... --resume          # continue from RUN_DIR/ckpt/state.pt
+    python -m tileinfer.models.train --size target --data DATA_DIR --tokenizer TOK_DIR --out RUN_DIR --minutes 4
+    python -m tileinfer.models.train --size draft  ... --resume          # continue from RUN_DIR/ckpt/state.pt
 
 Named sizes (SIZES; parameters counted with the tied embedding once, at vocabulary 8,192):
 
@@ -45,11 +45,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from checkpoints import save_model, save_state, set_rng_state  # noqa: E402
-from loss_plot import plot  # noqa: E402
-from tokenizer import ENDOFTEXT, IM_END  # noqa: E402
+from .checkpoints import save_model, save_state, set_rng_state
+from .loss_plot import plot
+from .tokenizer import ENDOFTEXT, IM_END
 
 SIZES = {
     "target": dict(hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,

@@ -1,7 +1,7 @@
 """Train a DFlash block drafter for the shipped target and write it in z-lab's format (models/dflash/).
 
-    python3 models/train_dflash.py --out "$OUT"                 # on the GPU machine: ~5 min, builds its data
-    python models/train_dflash.py --data DATA --out OUT --steps 5 --seq-len 64 --batch 2   # a CPU smoke run
+    python3 -m tileinfer.models.train_dflash --out "$OUT"                 # on the GPU machine: ~5 min, builds its data
+    python -m tileinfer.models.train_dflash --data DATA --out OUT --steps 5 --seq-len 64 --batch 2   # a CPU smoke run
 
 The target (``--target``, default models/target) is frozen, with its embedding and lm_head, which
 the drafter shares (DFlash drafters carry neither). The drafter (shared/notes/dflash.md section 1):
@@ -40,7 +40,6 @@ import torch.nn.functional as F
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 class RMSNorm(nn.Module):
@@ -228,8 +227,7 @@ def autocast(device: torch.device):
 
 def build_data(args) -> Path:
     """corpus.py over this machine's files, then data.py with the target's tokenizer."""
-    import corpus
-    import data
+    from . import corpus, data
 
     work = args.work
     corpus.main([str(work / "corpus")] + (["--max-files", str(args.max_files)] if args.max_files else []))

@@ -14,20 +14,12 @@ import pytest
 import torch
 
 import tileinfer
-from conftest import load_script
-from tileinfer.tokenizer import Tokenizer as TileTokenizer
 from tileinfer.interfaces import Step
+from tileinfer.models import corpus, data, evaluate, make_all, prompts, train
+from tileinfer.models import tokenizer as tokenizer_script
+from tileinfer.tokenizer import Tokenizer as TileTokenizer
 
 STEPS, SEQ_LEN, VOCAB, MAX_PROMPT = 120, 256, 512, 200
-
-
-corpus = load_script("models/corpus.py", "corpus")
-tokenizer_script = load_script("models/tokenizer.py", "tokenizer")
-data = load_script("models/data.py", "data")
-train = load_script("models/train.py", "train")
-make_all = load_script("models/make_all.py", "make_all")
-evaluate = load_script("models/evaluate.py", "evaluate")
-prompts = data.prompts
 
 
 def train_args(folder: Path, run: Path, *extra: str) -> list[str]:

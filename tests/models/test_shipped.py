@@ -1,7 +1,7 @@
 """The shipped models (models/target, models/draft; made by models/make_all.py): they load
 in tileinfer, greedy output is deterministic and equals transformers' (float32, CPU), they share
 the tokenizer and fit the size budget, and n-gram speculation accepts drafts on the EDIT task of
-bench/prompts.py. Each test skips while its model folder is not there yet."""
+models/prompts.py. Each test skips while its model folder is not there yet."""
 
 from __future__ import annotations
 
@@ -13,15 +13,12 @@ import pytest
 import torch
 
 import tileinfer
-from conftest import load_script
+from tileinfer.models import prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("TILEINFER_SHIPPED_MODELS") or ROOT / "models")  # another folder: check before committing
 WEIGHT_LIMIT = 32_000_000  # bytes of safetensors, target and draft together
 NEW_TOKENS = 48
-
-
-prompts = load_script("bench/prompts.py", "tileinfer_bench_prompts")
 
 
 def folder(name: str) -> Path:

@@ -15,9 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import load_script, reference_engine
+from conftest import reference_engine
+from tileinfer.models import train_dflash
 
-train_dflash = load_script("models/train_dflash.py", "train_dflash")
 BLOCK, LAYERS, IDS = 8, 2, [1, 2]
 
 

@@ -16,7 +16,6 @@ random z-lab-format checkpoints (2 layers, 6 / 2 heads of 20, 3 target layer ids
 from __future__ import annotations
 
 import collections
-import sys
 
 import pytest
 import torch
@@ -24,10 +23,8 @@ import torch
 from conftest import ROOT, reference_engine, repetitive_prompt
 from tileinfer.interfaces import SamplingParams
 
-sys.path.insert(0, str(ROOT / "tests" / "core"))
-sys.path.insert(0, str(ROOT / "tests" / "plugins"))
-from dflash_checkpoints import TARGET, exact_marginals, make_dflash, reference_logits  # noqa: E402
-from test_speculative import chi2_pvalue, fits  # noqa: E402
+from dflash_checkpoints import TARGET, exact_marginals, make_dflash, reference_logits
+from test_speculative import chi2_pvalue, fits
 
 
 def engine(target, drafter=None, greedy: bool = True, **kw):
@@ -261,7 +258,6 @@ def test_the_shipped_target_drafts_with_the_shipped_dflash_drafter_by_default():
     """models/dflash (models/train_dflash.py): used by default with the shipped target, greedy
     tokens kept, drafts accepted on the EDIT task, and the shipped models within 48 MB."""
     import tileinfer
-    from conftest import load_script
 
     models = ROOT / "models"
     if not (models / "dflash" / "config.json").is_file():
@@ -269,7 +265,7 @@ def test_the_shipped_target_drafts_with_the_shipped_dflash_drafter_by_default():
     weights = sum(p.stat().st_size for name in ("target", "draft", "dflash")
                   for p in (models / name).glob("*.safetensors"))
     assert weights <= 48_000_000, f"{weights / 1e6:.1f} MB of weights"
-    prompts = load_script("bench/prompts.py", "tileinfer_bench_prompts")
+    from tileinfer.models import prompts
     greedy = dict(temperature=0.0, repetition_penalty=1.0)  # plain greedy, not the shipped defaults' penalty
     plain = tileinfer.Engine.from_config("reference", device="cpu", dtype="float32", progress=False, **greedy)
     e = tileinfer.Engine.from_config("reference", proposer="dflash", device="cpu", dtype="float32", progress=False,

@@ -6,18 +6,16 @@ mask token, target layer ids out of range, spec_k beyond the block, a missing fo
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from safetensors.torch import load_file, save_file
 
-from conftest import ROOT, reference_engine
+from conftest import reference_engine
 from tileinfer.cli import main
 from tileinfer.errors import CheckpointError, ConfigError, TileinferError
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig, default_target_layer_ids
 
-sys.path.insert(0, str(ROOT / "tests" / "plugins"))
-from dflash_checkpoints import TARGET, make_dflash  # noqa: E402
+from dflash_checkpoints import TARGET, make_dflash
 
 # config.json of z-lab/Qwen3-8B-DFlash-b16 as shared/notes/dflash.md section 2 gives it.
 QWEN3_8B_DFLASH = {

@@ -20,7 +20,6 @@ attention runs the same checks under the interpreter.
 from __future__ import annotations
 
 import collections
-import sys
 
 import pytest
 import torch
@@ -28,10 +27,8 @@ import torch
 from conftest import DEVICE, ROOT, reference_engine, repetitive_prompt
 from tileinfer.plugins.dflash_steps import DFlashSteps
 
-sys.path.insert(0, str(ROOT / "tests" / "plugins"))
-sys.path.insert(0, str(ROOT / "tests" / "core"))
-from device_loop import guard_steps, poison_unread_positions  # noqa: E402
-from dflash_checkpoints import TARGET, make_dflash  # noqa: E402
+from device_loop import guard_steps, poison_unread_positions
+from dflash_checkpoints import TARGET, make_dflash
 
 
 def rerun_capture(fn, pool):
@@ -263,11 +260,10 @@ def test_the_shipped_drafter_drafts_the_same_on_the_device():
     """The shipped target and drafter on the EDIT task (drafts accepted in runs of every length):
     the device loop commits the sequential loop's tokens with the same drafts."""
     import tileinfer
-    from conftest import load_script
 
     if not (ROOT / "models" / "dflash" / "config.json").is_file():
         pytest.skip("models/dflash/ is not there yet")
-    prompts = load_script("bench/prompts.py", "tileinfer_bench_prompts")
+    from tileinfer.models import prompts
     keys = dict(proposer="dflash", spec_k=15, device="cpu", dtype="float32", progress=False, temperature=0.0,
                 repetition_penalty=1.0)
     sequential = tileinfer.Engine.from_config("reference", **keys)

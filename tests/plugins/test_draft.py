@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import pytest
 import torch
 
 import tileinfer
-from conftest import ROOT, load_script, reference_engine, repetitive_prompt
+from conftest import ROOT, reference_engine, repetitive_prompt
 from tileinfer.cli import main
 from tileinfer.errors import ConfigError
 from tileinfer.interfaces import SamplingParams
 
-sys.path.insert(0, str(ROOT / "tests" / "core"))
-sys.path.insert(0, str(ROOT / "tests" / "plugins"))
-from dflash_checkpoints import exact_marginals  # noqa: E402
-from test_speculative import chi2_pvalue, fits  # noqa: E402
+from dflash_checkpoints import exact_marginals
+from test_speculative import chi2_pvalue, fits
 
 
 def engine(folder, draft=None, **kw):
@@ -156,7 +153,7 @@ def test_sampled_draft_speculation_keeps_the_target_distribution(case):
 
 
 def test_the_shipped_target_drafts_with_the_shipped_draft_by_default():
-    prompts = load_script("bench/prompts.py", "tileinfer_bench_prompts")
+    from tileinfer.models import prompts
     greedy = dict(temperature=0.0, repetition_penalty=1.0)  # plain greedy: the shipped default penalizes copying
     plain = tileinfer.Engine.from_config("reference", device="cpu", dtype="float32", progress=False, **greedy)
     e = tileinfer.Engine.from_config("reference", proposer="draft", device="cpu", dtype="float32", progress=False,

@@ -29,8 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-HELDOUT_DIR = ROOT / "models" / "heldout"
+HELDOUT_DIR = Path(__file__).resolve().parent / "heldout"
 DEFAULT_MAX_TOKENS = 1024
 
 EDIT_INSTRUCTION = "Rename the class {old} to {new} throughout this Python file. Reply with the whole file."
