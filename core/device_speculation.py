@@ -20,10 +20,10 @@ The target's KV store is reserved up front for ``prompt + max_new + 2 (k + 1)`` 
 truncated inside the loop: a step writes the keys and values of all its positions, the accepted
 ones stay valid, and the rest lie past the next step's first position, which rewrites them before
 any query reads them (every attention masks keys past a query's position; the reference one zeroes
-them first, since unwritten pages may hold NaN). The host reads the records one step behind
-(``HostRecords``, as pipelined plain decoding reads tokens) and does the stops
-(``tileinfer.decoding``). Greedy only: sampled generations, history-using penalties and logprobs
-decode sequentially.
+them first, since unwritten pages may hold NaN). The decode loop (``tileinfer.decoding``) reads
+the records one step behind, as it reads plain decoding's, and does the stops. Greedy only: the
+plan (``tileinfer.decode_plan``) sends sampled generations, history-using penalties and logprobs
+to host drafting.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ from collections.abc import Callable, Collection, Sequence
 import torch
 
 from tileinfer.graph_capture import warm_up
-from tileinfer.interfaces import DeviceSequence, KVStore, Proposer, Sampler, Step
-from tileinfer.model import Qwen3Model
+from tileinfer.interfaces import DeviceSequence, ForwardPass, KVStore, Proposer, Step
+from tileinfer.prefill_graphs import MAX_GRAPH_TOKENS
+from tileinfer.sampling_step import SamplingStep
 from tileinfer.speculative import finite_or
-from tileinfer.steps import MAX_GRAPH_TOKENS
+from tileinfer.strategies import first_record
 
 MAX_DRAFT = MAX_GRAPH_TOKENS - 1  # a step of up to 16 tokens: the attentions' path that reads positions on the device
 
@@ -47,62 +48,29 @@ def drafts_on_device(proposer: Proposer | None) -> bool:
     return proposer is not None and type(proposer).draft_on_device is not Proposer.draft_on_device
 
 
-class HostRecords:
-    """Step records on their way from the device to the host, without a sync when sent.
-
-    ``send(i, record)`` enqueues the copy of record ``i`` (``[m]`` int64 on the device, ``m <=
-    width``) into host slot ``i % depth`` (pinned memory on CUDA) and records a CUDA event after it;
-    ``receive(i)`` waits for that event alone and returns the record's committed tokens and its
-    draft count. On a CPU the copy is synchronous and there are no events.
-    """
-
-    def __init__(self, device: torch.device, width: int, depth: int = 2) -> None:
-        cuda = device.type == "cuda"
-        self.depth = depth
-        self.slots = torch.zeros(depth, width, dtype=torch.int64, pin_memory=cuda)
-        self.events = [torch.cuda.Event() for _ in range(depth)] if cuda else None
-        self.sent = self.received = 0
-
-    def send(self, i: int, record: torch.Tensor) -> None:
-        assert i == self.sent and i - self.received < self.depth, f"record {i} sent out of turn"
-        slot = i % self.depth
-        self.slots[slot, :record.numel()].copy_(record, non_blocking=True)
-        if self.events is not None:
-            self.events[slot].record()
-        self.sent += 1
-
-    def receive(self, i: int) -> tuple[list[int], int]:
-        """Record ``i``: ``(committed tokens, drafts verified)``."""
-        assert i == self.received < self.sent, f"record {i} received out of turn"
-        slot = i % self.depth
-        if self.events is not None:
-            self.events[slot].synchronize()
-        self.received += 1
-        committed, drafted = self.slots[slot, :2].tolist()
-        return self.slots[slot, 2:2 + committed].tolist(), drafted
-
-    def reset(self) -> None:
-        """Forget records sent and not received (the step after the last one)."""
-        self.sent = self.received = 0
+def loop_room(prompt_len: int, max_new: int, k_max: int) -> int:
+    """Positions the loop reserves for a generation: its tokens and two steps' worth of run-ahead."""
+    return prompt_len + max_new + 2 * (k_max + 1)
 
 
 class SpeculativeLoop:
-    """The device steps of speculative decoding with ``proposer`` over the target ``model`` and
-    ``kv``, for the draft lengths ``k_values`` (one, or 1 .. spec_k with ``spec_adaptive``).
+    """The device steps of speculative decoding with ``proposer`` over the target's ``forward`` pass
+    and ``kv``, for the draft lengths ``k_values`` (one, or 1 .. spec_k with ``spec_adaptive``): a
+    decoding strategy (``tileinfer.strategies``).
 
     ``capture`` (``tileinfer.steps.cuda_graph_capture``, or a stand-in in tests): each step is
     captured once per ``k`` when the loop is built, on a dummy sequence, and replayed; None: run
     eagerly (a CPU, or ``cuda_graphs=false``), the same code.
     """
 
-    def __init__(self, model: Qwen3Model, kv: KVStore, proposer: Proposer, k_values: Collection[int], *,
+    def __init__(self, forward: ForwardPass, kv: KVStore, proposer: Proposer, k_values: Collection[int], *,
                  capture: Callable | None = None) -> None:
         assert drafts_on_device(proposer), f"{type(proposer).__name__} does not draft on the device"
         assert max(k_values) <= MAX_DRAFT, f"the device loop drafts at most {MAX_DRAFT} tokens a step"
-        self.model, self.kv, self.proposer = model, kv, proposer
+        self.forward, self.kv, self.proposer = forward, kv, proposer
         self.k_values = sorted(set(k_values))
         self.k_max = max(self.k_values)
-        device = model.device
+        device = forward.device
         self.seq = DeviceSequence.empty(kv.capacity + 2 * (self.k_max + 1), device)
         self.record = torch.zeros(self.k_max + 3, dtype=torch.int64, device=device)
         self._offsets = torch.arange(self.k_max + 1, dtype=torch.int64, device=device)
@@ -113,21 +81,15 @@ class SpeculativeLoop:
         if capture is not None:
             self._capture_all()
 
-    # -- what the decoder asks ------------------------------------------------------------------
+    # -- the strategy ---------------------------------------------------------------------------
 
     def room(self, prompt_len: int, max_new: int) -> int:
-        """Positions reserved for a generation: its tokens and two steps' worth of run-ahead."""
-        return prompt_len + max_new + 2 * (self.k_max + 1)
-
-    def applies(self, sampler: Sampler, prompt_len: int, max_new: int) -> bool:
-        """Whether a generation with ``sampler``'s current params can take this loop: greedy, no
-        history-using penalty, its room within the KV store and the proposer's reach."""
-        room = self.room(prompt_len, max_new)
-        return (sampler.greedy and not sampler.uses_history and room <= self.kv.capacity
-                and self.proposer.device_drafting(room))
+        """Positions reserved for a generation (``loop_room``)."""
+        return loop_room(prompt_len, max_new, self.k_max)
 
     @torch.inference_mode()
-    def begin(self, ids: Sequence[int], first: torch.Tensor, max_new: int) -> torch.Tensor:
+    def begin(self, ids: Sequence[int], first: torch.Tensor, max_new: int,
+              sampling: SamplingStep | None = None) -> torch.Tensor:
         """Start a generation after its prefill: the sequence is ``ids`` and ``first`` (``[1]``
         int64 on the device, not read), pages reserved, the proposer started. Returns the first
         record (``[1, 0, first]``) for the host."""
@@ -140,9 +102,10 @@ class SpeculativeLoop:
         seq.limit.fill_(p + max_new)
         seq.prompt_len = p
         self.proposer.start_on_device(seq, room)
-        self.record[:2].copy_(torch.tensor([1, 0]), non_blocking=True)
-        self.record[2:3].copy_(first)
-        return self.record[:3]
+        return first_record(self.record, first)
+
+    def took(self, tokens: list[int]) -> None:
+        pass
 
     @torch.inference_mode()
     def step(self, k: int) -> torch.Tensor:
@@ -166,7 +129,7 @@ class SpeculativeLoop:
         inputs = torch.cat([seq.tokens.index_select(0, start - 1), drafts]).clamp(min=0)
         positions = start - 1 + offsets[:k + 1]
         step = Step(0, k + 1, positions, max_context=self.kv.capacity)
-        logits, hidden = self.model.forward(inputs, step, self.kv, capture=self.proposer.hidden_layers)
+        logits, hidden = self.forward(inputs, step, self.kv, capture=self.proposer.hidden_layers)
         target = finite_or(logits.argmax(-1), logits)  # [k + 1]
         valid = (drafts >= 0).long().cumprod(0)
         accepted = (valid * (drafts == target[:k]).long()).cumprod(0).sum(0, keepdim=True)
@@ -180,7 +143,7 @@ class SpeculativeLoop:
     def _capture_all(self) -> None:
         """Capture a step per ``k`` on a dummy sequence (zeros, length 2), then drop it: the
         warm-up run on a side stream (CUDA) keeps compilation out of the graphs."""
-        cuda = self.model.device.type == "cuda"
+        cuda = self.forward.device.type == "cuda"
         began = time.perf_counter()
         before = torch.cuda.memory_allocated() if cuda else 0
         pool = torch.cuda.graph_pool_handle() if cuda else None
@@ -209,4 +172,4 @@ class SpeculativeLoop:
                 f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB")
 
 
-__all__ = ["MAX_DRAFT", "HostRecords", "SpeculativeLoop", "drafts_on_device"]
+__all__ = ["MAX_DRAFT", "SpeculativeLoop", "drafts_on_device", "loop_room"]

@@ -18,7 +18,7 @@ PROJECT = "tileinfer"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-KINDS = ("linear", "attention", "kv_store", "sampler", "proposer")
+KINDS = ("linear", "attention", "kv_store", "sampler", "proposer", "forward")
 RESERVED_NAMES = ("auto", "none")  # config values: choose by device, and (proposer) no speculation
 
 

@@ -113,16 +113,21 @@ class Qwen3Model:
         return cls(config, embed, layers, lm_head, rope)
 
     def forward(self, token_ids: torch.Tensor, step: Step, kv: KVStore, *, last_only: bool = False,
-                capture: Collection[int] = (), rows: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Run ``step`` (``token_ids`` ``[T]`` int64 on the device), writing its keys and values.
+                capture: Collection[int] = (), rows: torch.Tensor | None = None, logits: bool = True
+                ) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
+        """Run ``step`` (``token_ids`` ``[T]`` int64 on the device), writing its keys and values,
+        one implementation call per operation (the ``per_op`` ForwardPass; the reference of the
+        ``tileinfer.interfaces.ForwardPass`` contract).
 
         Returns float32 logits ``[T, V]`` (``[1, V]`` of the last token with ``last_only``; ``[R,
         V]`` of the rows listed in ``rows``, ``[R]`` int64 indices on the device, read there: a
-        padded prefill step replayed from a CUDA graph takes its last real row so) and the outputs
-        ``[T, hidden]`` of the decoder layers listed in ``capture`` (before the final norm).
+        padded prefill step replayed from a CUDA graph takes its last real row so; None with
+        ``logits=False``, which runs no lm_head) and the outputs ``[T, hidden]`` of the decoder
+        layers listed in ``capture`` (before the final norm).
         """
         h, hidden = self.hidden_states(token_ids, step, kv, capture)
+        if not logits:
+            return None, hidden
         if rows is not None:
             h = h.index_select(0, rows)
         elif last_only:
@@ -132,8 +137,7 @@ class Qwen3Model:
     def hidden_states(self, token_ids: torch.Tensor, step: Step, kv: KVStore,
                       capture: Collection[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """``forward`` without the lm_head: the residual stream after the last decoder layer
-        (``[T, hidden]``, before the final norm) and the outputs of the layers in ``capture``; an
-        eager prefill chunk before the last (whose logits nobody reads) runs only this."""
+        (``[T, hidden]``, before the final norm) and the outputs of the layers in ``capture``."""
         h = F.embedding(token_ids, self.embed)
         hidden: dict[int, torch.Tensor] = {}
         for n, layer in enumerate(self.layers):

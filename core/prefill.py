@@ -8,11 +8,11 @@ chunk's last logits are computed (the other chunks run no lm_head). A proposer t
 prompt (its target hidden states, or a draft model prefilling its own cache) gets each chunk as it
 is done (``on_chunk``).
 
-With CUDA graphs (the KV store's step runner is ``GraphedSteps``: ``prefill_graphs.prefill_graphs_of``)
-each chunk is replayed from the graph of its length bucket, padded past the prompt
-(tileinfer.prefill_graphs: the padding's keys and values are dropped at the end, and a graphed
-chunk computes its last real row's logits whether or not it is the last chunk); a chunk no graph
-serves runs eagerly.
+Every chunk runs through the model's ``ForwardPass``. Given prefill graphs (those of a step runner
+with CUDA graphs, ``tileinfer.steps.StepRunner``) each chunk is replayed from the graph of its
+length bucket, padded past the prompt (tileinfer.prefill_graphs: the padding's keys and values
+are dropped at the end, and a graphed chunk computes its last real row's logits whether or not it
+is the last chunk); a chunk no graph serves runs eagerly.
 
 On a terminal (``progress`` and stderr a TTY), a prompt of more than one chunk shows a line
 ``prefill 8192/32768 tokens`` on stderr, updated as the device finishes each chunk (on a GPU the
@@ -28,9 +28,8 @@ from typing import TextIO
 
 import torch
 
-from tileinfer.interfaces import KVStore, Step
-from tileinfer.model import Qwen3Model
-from tileinfer.prefill_graphs import PrefillGraphs, prefill_graphs_of
+from tileinfer.interfaces import ForwardPass, KVStore, Step
+from tileinfer.prefill_graphs import PrefillGraphs
 
 ChunkCallback = Callable[[list[int], int, dict[int, torch.Tensor]], None]
 
@@ -61,35 +60,33 @@ class ProgressLine:
 
 
 @torch.inference_mode()
-def chunked_prefill(model: Qwen3Model, kv: KVStore, ids: Sequence[int], *, chunk: int,
+def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, chunk: int,
                     capture: Collection[int] = (), on_chunk: ChunkCallback | None = None,
-                    progress: bool = False, graphs: PrefillGraphs | None | str = "auto") -> torch.Tensor:
+                    progress: bool = False, graphs: PrefillGraphs | None = None) -> torch.Tensor:
     """Run the prompt ``ids`` from position 0 (the KV store empty) in steps of at most ``chunk``
     tokens; returns the float32 logits ``[1, V]`` after its last token, on the device (not read).
 
     ``capture``: the decoder layers whose outputs ``on_chunk(tokens, start, hidden)`` receives
     after each chunk (``tokens`` the chunk's ids, at positions ``start ..``; ``hidden`` ``[len(tokens),
     hidden_size]`` per layer). ``progress``: show the progress line when stderr is a terminal and the
-    prompt takes more than one chunk. ``graphs``: the prefill graphs to replay the chunks from
-    (``"auto"``: those of the KV store's step runner, if it has any; None: every chunk eagerly).
+    prompt takes more than one chunk. ``graphs``: the prefill graphs to replay the chunks from (None:
+    every chunk eagerly).
     The KV store ends holding exactly the prompt (``kv.length == len(ids)``).
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    if graphs == "auto":
-        graphs = prefill_graphs_of(kv)
     ids = list(ids)
     total = len(ids)
     kv.reserve(total)
-    tokens = torch.tensor(ids, dtype=torch.int64, device=model.device)
+    tokens = torch.tensor(ids, dtype=torch.int64, device=forward.device)
     line = ProgressLine(total, sys.stderr) if progress and total > chunk and stderr_is_terminal() else None
-    cuda = model.device.type == "cuda"
+    cuda = forward.device.type == "cuda"
     pending: tuple[torch.cuda.Event, int] | None = None  # the previous chunk's end, until the device is past it
     logits = None
     try:
         for start in range(0, total, chunk):
             end = min(start + chunk, total)
-            logits, hidden = _chunk(model, kv, tokens[start:end], start, chunk, capture, end == total, graphs)
+            logits, hidden = _chunk(forward, kv, tokens[start:end], start, chunk, capture, end == total, graphs)
             if on_chunk is not None:
                 on_chunk(ids[start:end], start, hidden)
             del hidden
@@ -111,7 +108,7 @@ def chunked_prefill(model: Qwen3Model, kv: KVStore, ids: Sequence[int], *, chunk
     return logits
 
 
-def _chunk(model: Qwen3Model, kv: KVStore, tokens: torch.Tensor, start: int, chunk: int, capture: Collection[int],
+def _chunk(forward: ForwardPass, kv: KVStore, tokens: torch.Tensor, start: int, chunk: int, capture: Collection[int],
            last: bool, graphs: PrefillGraphs | None) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
     """One chunk: replayed from its bucket's graph when one serves it, else eagerly (the lm_head
     only for the ``last`` chunk). Returns its last logits (None for an eager chunk before the last)
@@ -119,10 +116,8 @@ def _chunk(model: Qwen3Model, kv: KVStore, tokens: torch.Tensor, start: int, chu
     served = graphs.run(tokens, start, chunk, capture) if graphs is not None else None
     if served is not None:
         return served
-    step = Step.at(start, tokens.numel(), model.device)
-    if last:
-        return model.forward(tokens, step, kv, last_only=True, capture=capture)
-    return None, model.hidden_states(tokens, step, kv, capture)[1]
+    step = Step.at(start, tokens.numel(), forward.device)
+    return forward(tokens, step, kv, last_only=True, capture=capture, logits=last)
 
 
 __all__ = ["ChunkCallback", "ProgressLine", "chunked_prefill", "stderr_is_terminal"]

@@ -40,15 +40,13 @@ eagerly, as does a chunk whose padding would pass the KV capacity or the RoPE ta
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import torch
 
 from tileinfer.graph_capture import warm_up
-from tileinfer.interfaces import KVStore, Step
-from tileinfer.model import Qwen3Model
+from tileinfer.interfaces import ForwardPass, KVStore, Step
 
 Outputs = tuple[torch.Tensor, dict[int, torch.Tensor]]
 MAX_GRAPH_TOKENS = 16  # the longest decode or verify step; a prefill chunk this short is not padded
@@ -84,7 +82,9 @@ class _Graph:
 
 
 class PrefillGraphs:
-    """``run(tokens, start, chunk)``: one prefill chunk replayed from its bucket's graph.
+    """``run(tokens, start, chunk)``: one prefill chunk of ``forward``'s model replayed from its
+    bucket's graph. They belong to the step runner that built them (``tileinfer.steps.StepRunner``),
+    whose prefill hands them to ``tileinfer.prefill.chunked_prefill``.
 
     ``capture_layers``: the decoder layers whose outputs the graphs keep (a proposer's
     ``hidden_layers``); ``capture(fn, pool) -> (replay, outputs)``: ``steps.cuda_graph_capture``
@@ -93,9 +93,9 @@ class PrefillGraphs:
     decode graphs').
     """
 
-    def __init__(self, model: Qwen3Model, kv: KVStore, capture_layers: Collection[int] = (), *,
+    def __init__(self, forward: ForwardPass, kv: KVStore, capture_layers: Collection[int] = (), *,
                  capture: Callable, pool=None, max_graphs: int = MAX_PREFILL_GRAPHS) -> None:
-        self.model, self.kv, self.capture_layers = model, kv, tuple(capture_layers)
+        self.forward, self.kv, self.capture_layers = forward, kv, tuple(capture_layers)
         self._capture, self._pool, self.max_graphs = capture, pool, max_graphs
         self.graphs: dict[int, _Graph] = {}
         self.capture_ms = 0.0
@@ -104,7 +104,7 @@ class PrefillGraphs:
     @property
     def limit(self) -> int:
         """Positions a padded step may reach: the KV pool's and the RoPE table's."""
-        return min(self.kv.capacity, self.model.rope.cos.shape[0])
+        return min(self.kv.capacity, self.forward.model.rope.cos.shape[0])
 
     def bucket(self, tokens: int, start: int, chunk: int) -> int | None:
         """The bucket that serves a chunk of ``tokens`` at ``start`` (chunks of at most ``chunk``):
@@ -145,7 +145,7 @@ class PrefillGraphs:
         todo = sorted(set(buckets) - {b for b, g in self.graphs.items() if g.replay is not None})
         for bucket in todo:
             self.kv.reset()
-            zeros = torch.zeros(bucket, dtype=torch.int64, device=self.model.device)
+            zeros = torch.zeros(bucket, dtype=torch.int64, device=self.forward.device)
             if self.run(zeros, 0, bucket) is None:
                 raise ValueError(f"a prefill graph of {bucket} tokens does not fit: the KV store holds "
                                  f"{self.limit} positions, or {self.max_graphs} graphs are captured")
@@ -159,7 +159,7 @@ class PrefillGraphs:
                 f"{self.capture_ms:.0f} ms, {self.memory_bytes / 2**20:.1f} MiB")
 
     def _buffers(self, bucket: int) -> _Graph:
-        device = self.model.device
+        device = self.forward.device
         return _Graph(torch.zeros(bucket, dtype=torch.int64, device=device),
                       torch.zeros(bucket, dtype=torch.int64, device=device),
                       torch.zeros(1, dtype=torch.int64, device=device))
@@ -167,12 +167,12 @@ class PrefillGraphs:
     def _step(self, graph: _Graph, start: int) -> Outputs:
         bucket = graph.tokens.numel()
         step = Step(start, bucket, graph.positions, max_context=self.kv.capacity)
-        return self.model.forward(graph.tokens, step, self.kv, rows=graph.last, capture=self.capture_layers)
+        return self.forward(graph.tokens, step, self.kv, rows=graph.last, capture=self.capture_layers)
 
     def _record(self, bucket: int, graph: _Graph, start: int) -> None:
-        cuda = self.model.device.type == "cuda"
+        cuda = self.forward.device.type == "cuda"
         began = time.perf_counter()
-        warm_up(lambda: self._step(graph, start), self.model.device, release=True)
+        warm_up(lambda: self._step(graph, start), self.forward.device, release=True)
         before = torch.cuda.memory_reserved() if cuda else 0
         graph.replay, graph.outputs = self._capture(lambda: self._step(graph, start), self._pool)
         if cuda:
@@ -182,25 +182,4 @@ class PrefillGraphs:
         self.memory_bytes += (torch.cuda.memory_reserved() - before) if cuda else 0
 
 
-# The graphs a KV store's prefill runs from: those of the step runner last built over the store
-# (GraphedSteps sets them, EagerSteps clears them), so that the decoder's prefill follows its steps.
-# Weak both ways: the graphs hold the store, and neither may outlive the step runner that owns them
-# (an engine's KV pool is freed with the engine).
-_BY_STORE: "weakref.WeakKeyDictionary[KVStore, weakref.ref[PrefillGraphs]]" = weakref.WeakKeyDictionary()
-
-
-def use_prefill_graphs(kv: KVStore, graphs: PrefillGraphs | None) -> None:
-    """Prefill ``kv``'s sequences from ``graphs`` from now on (None: eagerly), while they live."""
-    if graphs is None:
-        _BY_STORE.pop(kv, None)
-    else:
-        _BY_STORE[kv] = weakref.ref(graphs)
-
-
-def prefill_graphs_of(kv: KVStore) -> PrefillGraphs | None:
-    """The graphs ``kv``'s prefill runs from (:func:`use_prefill_graphs`), or None."""
-    ref = _BY_STORE.get(kv)
-    return ref() if ref is not None else None
-
-
-__all__ = ["MAX_GRAPH_TOKENS", "MAX_PREFILL_GRAPHS", "MIN_BUCKET", "PrefillGraphs", "bucket_for", "prefill_graphs_of", "use_prefill_graphs"]
+__all__ = ["MAX_GRAPH_TOKENS", "MAX_PREFILL_GRAPHS", "MIN_BUCKET", "PrefillGraphs", "bucket_for"]

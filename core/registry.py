@@ -97,11 +97,13 @@ def _interface(kind: str) -> type:
         "kv_store": interfaces.KVStore,
         "sampler": interfaces.Sampler,
         "proposer": interfaces.Proposer,
+        "forward": interfaces.ForwardPass,
     }[kind]
 
 
 BUILTIN_PLUGINS = ("tileinfer.plugins.reference", "tileinfer.plugins.paged_kv", "tileinfer.plugins.ngram",
-                   "tileinfer.plugins.triton", "tileinfer.plugins.draft", "tileinfer.plugins.dflash")
+                   "tileinfer.plugins.triton", "tileinfer.plugins.draft", "tileinfer.plugins.dflash",
+                   "tileinfer.plugins.per_op")
 
 
 def plugin_manager(entry_points: bool = True, failures: list[str] | None = None) -> pluggy.PluginManager:

@@ -27,7 +27,7 @@ class RunSpec:
 
 
 class Pluggable:
-    """Base of the five interfaces.
+    """Base of the six interfaces.
 
     ``declared_options`` lists the options a user may set under ``options.<name>`` (``tileinfer
     plugins`` shows them); an instance reads their values from ``self.options``.

@@ -1,6 +1,6 @@
-"""Helpers of the device-loop tests: an engine whose decoder has the device-resident speculative
-loop (the engine builds it on CUDA only), a stand-in graph capture, a guard against host reads of
-device values, and the KV poisoning that shows which cached positions a step reads."""
+"""Helpers of the decoding tests: decoders built as the engine builds them on CUDA (the engine
+decodes eagerly on a CPU), a stand-in graph capture, a guard against host reads of device values,
+and the KV poisoning that shows which cached positions a step reads."""
 
 from __future__ import annotations
 
@@ -11,26 +11,61 @@ import torch
 
 import tileinfer
 from conftest import reference_engine
+from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder
 from tileinfer.device_speculation import SpeculativeLoop
+from tileinfer.steps import StepRunner
 
 
 def rerun_capture(fn, pool):
-    """Stand-in for cuda_graph_capture on a CPU: the capture runs ``fn`` once (as a warm-up does)
-    and a replay re-runs it; the loop keeps its state in static buffers, so nothing else is needed."""
-    fn()
-    return fn, None
+    """Stand-in for cuda_graph_capture on a CPU: the capture runs ``fn`` once, and a replay re-runs
+    it and writes the tensors it returns into the first run's (logits, hidden states, drafts), as a
+    graph writes its static outputs; a step that keeps its state in static buffers returns None. A
+    replay runs with the arguments of the capture, so only the static buffers carry a step's inputs."""
+    outputs = fn()
+
+    def replay():
+        _copy_into(outputs, fn())
+
+    return replay, outputs
+
+
+def _copy_into(old, new) -> None:
+    if isinstance(old, torch.Tensor):
+        old.copy_(new)
+    elif isinstance(old, dict):
+        for key, value in old.items():
+            _copy_into(value, new[key])
+    elif isinstance(old, (tuple, list)):
+        for a, b in zip(old, new):
+            _copy_into(a, b)
+
+
+def cuda_plan(engine: tileinfer.Engine, **keys) -> DecodePlan:
+    """The plan ``engine``'s config (with ``keys`` replaced) gives on a CUDA device."""
+    config = dataclasses.replace(engine.config, **keys)
+    return DecodePlan.from_config(config, engine.proposer, torch.device("cuda"))
+
+
+def rebuild(engine: tileinfer.Engine, plan: DecodePlan | None = None, *, step_capture=None, loop_capture=None,
+            prefill: bool = True) -> tileinfer.Engine:
+    """Put a Decoder of ``plan`` (default: the engine's plan on CUDA, ``pipelined``) in place over
+    the engine's forward pass: its steps captured with ``step_capture`` (the prefill's too, unless
+    ``prefill`` is False) and the device loop with ``loop_capture`` (None: eager)."""
+    plan = plan or cuda_plan(engine, pipelined=True)
+    forward, proposer = engine.decoder.steps.forward_pass, plan.proposer
+    steps = StepRunner(forward, engine.kv, proposer.hidden_layers if proposer else (), capture=step_capture,
+                       prefill=prefill)
+    loop = (SpeculativeLoop(forward, engine.kv, proposer, plan.k_values, capture=loop_capture)
+            if plan.strategy == "device" else None)
+    engine.decoder = Decoder(steps, engine.sampler, plan, loop=loop, prefill_chunk=engine.config.prefill_chunk)
+    return engine
 
 
 def with_loop(engine: tileinfer.Engine, *, capture=None) -> tileinfer.Engine:
-    """Put a Decoder with the device loop in place, built as the engine builds it on CUDA
-    (``capture``: None eager, or a stand-in capture)."""
-    config = engine.config
-    k_values = range(1, config.spec_k + 1) if config.spec_adaptive else [config.spec_k]
-    loop = SpeculativeLoop(engine.model, engine.kv, engine.proposer, k_values, capture=capture)
-    engine.decoder = Decoder(engine.model, engine.kv, engine.sampler, engine.decoder.steps, proposer=engine.proposer,
-                             spec_k=config.spec_k, spec_adaptive=config.spec_adaptive, loop=loop,
-                             prefill_chunk=config.prefill_chunk)
+    """The device loop in place (``capture``: None eager, or a stand-in capture)."""
+    rebuild(engine, loop_capture=capture)
+    assert engine.decoder.loop is not None
     return engine
 
 

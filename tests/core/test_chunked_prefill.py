@@ -22,9 +22,10 @@ import torch
 
 import tileinfer
 from conftest import DEVICE, reference_engine, repetitive_prompt
+from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder
 from tileinfer.interfaces import Draft, Proposer, ProposerContext
-from tileinfer.steps import EagerSteps
+from tileinfer.steps import StepRunner
 
 NEW = 24
 CHUNKS = [1, 7, 16, 30, 45, 64]  # 90 = 3 x 30 = 2 x 45; 16 and 64 are page-aligned; 7 and 30 cross pages
@@ -89,8 +90,8 @@ def test_chunked_prefill_with_the_other_reference_paths(folder, keys):
 
 
 def spy_steps(engine: tileinfer.Engine, heads: list[int] | None = None) -> list[tuple[int, int]]:
-    """Records (start, tokens) of every step of the engine's model (``hidden_states``, which
-    ``forward`` runs too), and checks that each one runs its layers on no more tokens than the step
+    """Records (start, tokens) of every step of the engine's model (``hidden_states``, which its
+    per-op ForwardPass runs), and checks that each one runs its layers on no more tokens than the step
     has (the activations a step holds); ``heads`` gets the rows of each lm_head call."""
     seen: list[tuple[int, int]] = []
     model = engine.model
@@ -192,9 +193,8 @@ def test_a_proposer_gets_the_hidden_states_of_every_chunk(folder, chunk):
 
     def run(chunk: int) -> Recording:
         recording = Recording(ProposerContext(engine.model, engine.sampler, engine.config, engine.registry))
-        steps = EagerSteps(engine.model, engine.kv, recording.hidden_layers)
-        decoder = Decoder(engine.model, engine.kv, engine.sampler, steps, proposer=recording, spec_k=3,
-                          prefill_chunk=chunk)
+        steps = StepRunner(engine.decoder.steps.forward_pass, engine.kv, recording.hidden_layers)
+        decoder = Decoder(steps, engine.sampler, DecodePlan("host", spec_k=3, proposer=recording), prefill_chunk=chunk)
         out = [t for step in decoder.run(ids, 3, ()) for t in step]
         assert recording.started == ids + out[:1]
         return recording

@@ -53,7 +53,7 @@ def test_default_config_end_to_end_in_bfloat16(checkpoint_factory):
     config = engine.config
     assert (config.device, config.dtype, config.linear, config.attention) == ("cuda", "bfloat16", "triton", "triton")
     assert config.options["triton"]["fuse_epilogue"] and config.options["triton"]["fuse_inputs"]
-    assert engine.decoder.pipelined and type(engine.decoder.steps).__name__ == "GraphedSteps"
+    assert engine.decoder.plan.ahead and engine.decoder.steps.graphed
     prompt = [(7 * i) % 300 for i in range(200)]
     tokens = engine.generate(prompt, max_new_tokens=64, ignore_eos=True).token_ids
     assert len(tokens) == 64

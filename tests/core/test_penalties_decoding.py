@@ -8,7 +8,8 @@ import torch
 
 import tileinfer
 from conftest import reference_engine, repetitive_prompt
-from tileinfer.decoding import Decoder
+from device_loop import rebuild
+from tileinfer.decode_plan import DecodePlan
 from tileinfer.interfaces import SamplingParams
 
 PROMPT = [(7 * i) % 23 + 40 for i in range(13)]
@@ -25,8 +26,7 @@ def folder(checkpoint_factory):
 
 def pipelined(engine: tileinfer.Engine) -> tileinfer.Engine:
     """A pipelined Decoder put in place by hand (the engine keeps a CPU run sequential)."""
-    engine.decoder = Decoder(engine.model, engine.kv, engine.sampler, engine.decoder.steps, pipelined=True)
-    return engine
+    return rebuild(engine, DecodePlan("plain", ahead=True))
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
@@ -59,7 +59,7 @@ def test_no_penalty_keeps_no_history(folder):
     assert engine.decoder.sampling.history is None
     engine.generate(PROMPT, max_new_tokens=4, sampling=SamplingParams(repetition_penalty=1.1))
     history = engine.decoder.sampling.history
-    assert history is not None and history.length == len(PROMPT) + 4
+    assert history is not None and history.length == len(PROMPT) + 3  # each step commits the token it is fed
     assert history.tokens[:len(PROMPT)].tolist() == PROMPT
 
 
@@ -97,7 +97,7 @@ def test_gpu_pipelined_graphs_give_the_sequential_tokens_with_penalties(folder, 
     params = SamplingParams(**PENALTIES["all"], **(dict(temperature=0.9, top_k=30, seed=4) if sampled else {}))
     keys = dict(model=str(folder), device="cuda", dtype="float32", kv_page_size=16, progress=False)
     fast = tileinfer.Engine.from_config(**keys)
-    assert fast.decoder.pipelined
+    assert fast.decoder.plan.ahead
     slow = tileinfer.Engine.from_config(**keys, cuda_graphs=False, pipelined=False)
     expected = slow.generate(PROMPT, max_new_tokens=NEW, sampling=params).token_ids
     assert fast.generate(PROMPT, max_new_tokens=NEW, sampling=params).token_ids == expected

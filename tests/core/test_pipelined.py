@@ -1,8 +1,9 @@
 """Pipelined decoding: the host enqueues step t + 1 before it reads step t's token.
 
 On a CPU the engine ignores ``pipelined`` (with a notice), so the CPU tests build the pipelined
-Decoder by hand (``pipelined``), with eager steps and with the stand-in graph replay of
-test_steps; the GPU tests build it through the config key.
+Decoder by hand (``pipelined``: plain decoding, the host one step behind), with eager steps and
+with the stand-in graph replay of tests/core/device_loop.py; the GPU tests build it through the
+config key.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import yaml
 
 import tileinfer
 from conftest import DEVICE
-from test_steps import rerun_capture
+from device_loop import rebuild, rerun_capture
 from tileinfer.cli import main
 from tileinfer.config import load_config
+from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder
 from tileinfer.interfaces import SamplingParams
 from tileinfer.plugins.reference.sampler import ReferenceSampler
-from tileinfer.steps import EagerSteps, GraphedSteps
 
 PROMPT = [(7 * i) % 23 + 40 for i in range(13)]
 NEW = 24  # positions 13 to 36: two page boundaries (16 and 32) with kv_page_size=16
@@ -47,9 +48,7 @@ def build(folder, *sources, **keys) -> tileinfer.Engine:
 def pipelined(engine: tileinfer.Engine, *, replayed: bool = False) -> tileinfer.Engine:
     """Put a pipelined Decoder in place (the engine does not on a CPU); ``replayed``: steps from the
     stand-in graph capture, whose static token buffer then receives each token from the sampler."""
-    steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture) if replayed else engine.decoder.steps
-    engine.decoder = Decoder(engine.model, engine.kv, engine.sampler, steps, pipelined=True)
-    return engine
+    return rebuild(engine, DecodePlan("plain", ahead=True), step_capture=rerun_capture if replayed else None)
 
 
 def with_eos(engine: tileinfer.Engine, token: int) -> tileinfer.Engine:
@@ -119,15 +118,16 @@ def test_the_host_enqueues_the_next_step_before_it_reads_a_token(folder):
     eos, index = first_seen_at_or_after(base, 5)
     engine = with_eos(pipelined(build(folder)), eos)
     decoder, events, sampled, fed = engine.decoder, [], [], []
-    step, receive, sample, forward = decoder.device_step, decoder.host.receive, engine.sampler.sample, decoder.steps.forward
+    plain = decoder.strategies["plain"]
+    step, receive, sample, forward = plain.step, decoder.records.receive, engine.sampler.sample, decoder.steps.forward
 
-    def logged_step(token, cached):
-        events.append(("step", cached))
-        return step(token, cached)
+    def logged_step(k):
+        events.append(("step", plain.position))
+        return step(k)
 
-    def logged_receive(i):
-        events.append(("read", i))
-        return receive(i)
+    def logged_receive():
+        events.append(("read", decoder.records.received))
+        return receive()
 
     def logged_sample(logits, **kw):
         result = sample(logits, **kw)
@@ -135,10 +135,10 @@ def test_the_host_enqueues_the_next_step_before_it_reads_a_token(folder):
         return result
 
     def logged_forward(tokens, start):
-        fed.append(tokens)
+        fed.append((tokens.data_ptr() == plain.record[2:3].data_ptr(), tokens.clone()))
         return forward(tokens, start)
 
-    decoder.device_step, decoder.host.receive = logged_step, logged_receive
+    plain.step, decoder.records.receive = logged_step, logged_receive
     engine.sampler.sample, decoder.steps.forward = logged_sample, logged_forward
     for max_new, n in ((NEW, index + 1), (index + 1, index + 1), (index, index)):  # EOS; EOS at the length; length
         for log in (events, sampled, fed):
@@ -151,9 +151,9 @@ def test_the_host_enqueues_the_next_step_before_it_reads_a_token(folder):
             expected.append(("read", i))
         assert events == expected
         # Each step is fed the previous step's sampled token as a device tensor (prefill's, then each
-        # step's), never a value read by the host.
+        # step's, in the step record the host reads later), never a value read by the host.
         assert len(fed) == len(sampled) - 1
-        assert all(a.device == b.device and torch.equal(a, b) for a, b in zip(fed, sampled))
+        assert all(in_record and a.device == b.device and torch.equal(a, b) for (in_record, a), b in zip(fed, sampled))
 
 
 def test_draw_is_torch_multinomial_without_a_sync():
@@ -183,7 +183,7 @@ def test_pipelined_key_is_accepted_on_a_cpu_with_a_notice(folder, caplog):
     engine = build(folder, pipelined=True)
     found = notices(caplog)
     assert len(found) == 1 and found[0].startswith("pipelined has no effect on device cpu")
-    assert not engine.decoder.pipelined
+    assert not engine.decoder.plan.ahead
     assert engine.generate(PROMPT, max_new_tokens=NEW).token_ids == build(folder).generate(
         PROMPT, max_new_tokens=NEW).token_ids
 
@@ -214,8 +214,9 @@ def test_config_has_the_key(capsys):
 @contextlib.contextmanager
 def no_sync_in(decoder: Decoder):
     """Make any synchronizing CUDA call (``.item()``, a blocking copy, ``torch.multinomial``'s
-    checks) raise while ``decoder`` enqueues a step and its token's copy to the host."""
-    step, send = decoder.device_step, decoder.host.send
+    checks) raise while ``decoder`` enqueues a step and its record's copy to the host."""
+    plain = decoder.strategies["plain"]
+    step, send = plain.step, decoder.records.send
 
     def strict(fn):
         def call(*args):
@@ -226,11 +227,11 @@ def no_sync_in(decoder: Decoder):
                 torch.cuda.set_sync_debug_mode("default")
         return call
 
-    decoder.device_step, decoder.host.send = strict(step), strict(send)
+    plain.step, decoder.records.send = strict(step), strict(send)
     try:
         yield
     finally:
-        decoder.device_step, decoder.host.send = step, send
+        plain.step, decoder.records.send = step, send
 
 
 @pytest.mark.gpu
@@ -246,8 +247,7 @@ def test_pipelined_gives_the_eager_tokens_on_the_gpu(folder, variant, graphs, sa
     eos, index = first_seen_at_or_after(base, 5)
     for _ in range(2):  # the second time, a fresh engine after another in the same process
         engine = build(folder, *VARIANTS[variant], cuda_graphs=graphs, pipelined=True, **keys)
-        assert engine.decoder.pipelined
-        assert isinstance(engine.decoder.steps, GraphedSteps if graphs else EagerSteps)
+        assert engine.decoder.plan.ahead and engine.decoder.steps.graphed == graphs
         length = engine.generate(PROMPT, max_new_tokens=NEW)  # across the page boundaries 16 and 32
         assert length.token_ids == base
         assert length.stats.finish_reason == "length" and engine.kv.length == len(PROMPT) + NEW - 1

@@ -1,6 +1,6 @@
 """Prefill chunks replayed from CUDA graphs, one per length bucket (core/prefill_graphs.py).
 
-On a CPU a stand-in capture (``rerun_capture`` of test_steps.py) re-runs each captured step on
+On a CPU a stand-in capture (``rerun_capture`` of tests/core/device_loop.py) re-runs each captured step on
 replay with the capture's host ``start`` and whatever the static buffers hold then, so an
 implementation that takes a chunk's start from the host, or a chunk's tokens or last row from
 anything but the buffers, gives other logits here. Float32, pages of 16 positions, the reference
@@ -8,8 +8,9 @@ implementations and the Triton kernels (interpreter). Checked: the bucket rule a
 bound; logits, keys and values and greedy tokens equal to the eager prefill's, chunked or not,
 INT8 pages too; one graph serving every length of its bucket at every start; a proposer handed
 the real rows only; the padding dropped from the KV store; the cap on graphs and the KV capacity
-sending a chunk to another bucket or to the eager path; graphs captured up front; the report. On a
-GPU (marked): greedy tokens after graphed prefills equal the eager ones, real CUDA graphs.
+sending a chunk to another bucket or to the eager path; graphs captured up front; the report; each
+step runner prefilling from its own graphs. On a GPU (marked): greedy tokens after graphed
+prefills equal the eager ones, real CUDA graphs.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import torch
 
 import tileinfer
 from conftest import DEVICE
-from test_steps import VARIANTS, rerun_capture
+from device_loop import rebuild, rerun_capture
+from test_steps import VARIANTS
+from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder
 from tileinfer.interfaces import Draft, Proposer, ProposerContext
 from tileinfer.prefill import chunked_prefill
-from tileinfer.prefill_graphs import PrefillGraphs, bucket_for, prefill_graphs_of
-from tileinfer.steps import EagerSteps, GraphedSteps
+from tileinfer.prefill_graphs import PrefillGraphs, bucket_for
+from tileinfer.steps import StepRunner
 
 MODEL = dict(hidden=64, layers=2, vocab=320, intermediate=128, std=0.2, tokenizer=False, heads=4, kv_heads=2,
              head_dim=32, seed=5)
@@ -45,17 +48,16 @@ def build(folder, variant: str = "reference", **keys) -> tileinfer.Engine:
                                         kv_page_size=PAGE, progress=False, **keys)
 
 
-def graphed(engine: tileinfer.Engine, capture_layers=()) -> GraphedSteps:
+def graphed(engine: tileinfer.Engine) -> StepRunner:
     """The engine's steps replaced by stand-in graphs (decode and prefill), its decoder otherwise as built."""
-    steps = GraphedSteps(engine.model, engine.kv, capture_layers, capture=rerun_capture)
-    engine.decoder.steps = steps
-    return steps
+    return rebuild(engine, engine.decoder.plan, step_capture=rerun_capture).decoder.steps
 
 
 def prefill(engine: tileinfer.Engine, ids: list[int], chunk: int, graphs) -> tuple[torch.Tensor, list]:
     """The logits after ``ids`` and the prompt's keys and values, from a fresh KV store."""
     engine.kv.reset()
-    logits = chunked_prefill(engine.model, engine.kv, ids, chunk=chunk, graphs=graphs).clone()
+    forward = engine.decoder.steps.forward_pass
+    logits = chunked_prefill(forward, engine.kv, ids, chunk=chunk, graphs=graphs).clone()
     assert engine.kv.length == len(ids)
     cache = [tuple(t.clone() for t in engine.kv.gather(layer, len(ids))) for layer in range(len(engine.model.layers))]
     return logits, cache
@@ -96,7 +98,6 @@ def test_graphed_prefill_gives_the_eager_logits_cache_and_tokens(folder, variant
     eager_tokens = engine.generate(ids).token_ids if variant == "reference" else None
     eager = prefill(engine, ids, chunk, None)
     steps = graphed(engine)
-    assert prefill_graphs_of(engine.kv) is steps.prefill_graphs
     assert_same_prefill(prefill(engine, ids, chunk, steps.prefill_graphs), eager)
     assert sorted(steps.prefill_graphs.graphs) == buckets
     if eager_tokens is not None:
@@ -152,13 +153,13 @@ def test_a_proposer_gets_the_real_rows_only(folder, chunk):
 
     def run(steps) -> Recording:
         recording = Recording(ProposerContext(engine.model, engine.sampler, engine.config, engine.registry))
-        decoder = Decoder(engine.model, engine.kv, engine.sampler, steps, proposer=recording, spec_k=3,
-                          prefill_chunk=chunk)
+        decoder = Decoder(steps, engine.sampler, DecodePlan("host", spec_k=3, proposer=recording), prefill_chunk=chunk)
         list(decoder.run(ids, 2, ()))
         return recording
 
-    eager = run(EagerSteps(engine.model, engine.kv, Recording.hidden_layers))
-    steps = GraphedSteps(engine.model, engine.kv, Recording.hidden_layers, capture=rerun_capture)
+    forward = engine.decoder.steps.forward_pass
+    eager = run(StepRunner(forward, engine.kv, Recording.hidden_layers))
+    steps = StepRunner(forward, engine.kv, Recording.hidden_layers, capture=rerun_capture)
     replayed = run(steps)
     assert steps.prefill_graphs.graphs and [(t, s) for t, s, _ in replayed.chunks] == [
         (t, s) for t, s, _ in eager.chunks]
@@ -212,7 +213,7 @@ def test_padding_past_the_kv_capacity_runs_eagerly(folder):
 
 def test_past_the_cap_a_chunk_takes_a_larger_captured_bucket_or_runs_eagerly(folder):
     engine = build(folder)
-    graphs = PrefillGraphs(engine.model, engine.kv, capture=rerun_capture, max_graphs=1)
+    graphs = PrefillGraphs(engine.decoder.steps.forward_pass, engine.kv, capture=rerun_capture, max_graphs=1)
     for n, captured in ((40, [64]), (20, [64]), (100, [64])):  # 20 replays bucket 64, 100 runs eagerly
         ids = prompt(n, seed=n)
         assert_same_prefill(prefill(engine, ids, 4096, graphs), prefill(engine, ids, 4096, None))
@@ -236,12 +237,18 @@ def test_graphs_captured_up_front(folder):
         steps.prefill_graphs.capture([engine.kv.capacity + 32])
 
 
-def test_eager_steps_prefill_eagerly(folder):
-    """The prefill follows the runner last built over the store."""
-    engine = build(folder)
-    graphed(engine)
-    EagerSteps(engine.model, engine.kv)
-    assert prefill_graphs_of(engine.kv) is None
+def test_each_step_runner_prefills_from_its_own_graphs(folder):
+    """The graphs belong to the runner that built them: an eager runner over the same store
+    prefills eagerly, and the decoder prefills through its own runner."""
+    engine = build(folder, max_new_tokens=4)
+    ids = prompt(40)
+    eager_tokens = engine.generate(ids).token_ids
+    steps = graphed(engine)
+    eager = StepRunner(steps.forward_pass, engine.kv)
+    assert eager.prefill_graphs is None
+    eager.prefill(ids, chunk=4096)
+    assert steps.prefill_graphs.graphs == {}
+    assert engine.generate(ids).token_ids == eager_tokens and sorted(steps.prefill_graphs.graphs) == [64]
 
 
 @pytest.mark.gpu

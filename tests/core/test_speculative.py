@@ -93,7 +93,8 @@ def test_eos_inside_an_accepted_draft_ends_the_generation(greedy_case, checkpoin
     assert index % (spec_k + 1) != 0
     e = engine(checkpoint_factory(tokenizer=False, eos=eos), proposer="ngram", spec_k=spec_k)
     context = dataclasses.replace(e.proposer.context, options={})
-    e.proposer = e.decoder.proposer = OracleProposer(context, len(repetitive_prompt()), plain.token_ids)
+    e.proposer = e.decoder.strategies["host"].proposer = OracleProposer(context, len(repetitive_prompt()),
+                                                                        plain.token_ids)
     out = e.generate(repetitive_prompt(), max_new_tokens=80)
     assert out.token_ids == plain.token_ids[: index + 1]
     assert out.stats.finish_reason == "eos"

@@ -8,28 +8,12 @@ import pytest
 
 import tileinfer
 from conftest import DEVICE
-from tileinfer.decoding import Decoder
-from tileinfer.steps import GraphedSteps
+from device_loop import rebuild, rerun_capture
 
 
-def rerun_capture(fn, pool):
-    """Stand-in for cuda_graph_capture: replay re-runs ``fn`` (with its captured arguments) and
-    writes the results into the first run's output tensors, as a graph writes its static outputs."""
-    logits, hidden = fn()
-
-    def replay():
-        new_logits, new_hidden = fn()
-        logits.copy_(new_logits)
-        for layer, tensor in hidden.items():
-            tensor.copy_(new_hidden[layer])
-
-    return replay, (logits, hidden)
-
-
-def use_steps(engine: tileinfer.Engine, steps) -> None:
-    """Decode with ``steps`` in place of the engine's step runner (sequential, as the engine's own)."""
-    engine.decoder = Decoder(engine.model, engine.kv, engine.sampler, steps, proposer=engine.proposer,
-                             spec_k=engine.config.spec_k)
+def replayed_steps(engine: tileinfer.Engine, *, prefill: bool = True) -> tileinfer.Engine:
+    """The engine's plan (sequential, as on a CPU) with its steps replayed from the stand-in capture."""
+    return rebuild(engine, engine.decoder.plan, step_capture=rerun_capture, prefill=prefill)
 
 
 PROMPT = [(7 * i) % 23 + 40 for i in range(18)] * 2  # repetitive: n-gram drafts, verify steps of several tokens
@@ -65,7 +49,7 @@ def generate(folder, variant, replayed, prompt=PROMPT, new=NEW, **keys):
                                           kv_page_size=16, progress=False, **keys)
     if replayed:
         # decode and verify steps replayed; the prefill's graphs have tests of their own (test_prefill_graphs)
-        use_steps(engine, GraphedSteps(engine.model, engine.kv, capture=rerun_capture, prefill=False))
+        replayed_steps(engine, prefill=False)
     result = engine.generate(prompt, max_new_tokens=new)
     return result, engine.decoder.steps
 
@@ -106,7 +90,7 @@ def test_cuda_graphs_key_is_accepted_on_a_cpu_with_a_notice(small, caplog):
     caplog.clear()
     result, steps = generate_small(small, "reference", replayed=False, cuda_graphs=True)
     assert any(r.name == "tileinfer" and "cuda_graphs has no effect" in r.getMessage() for r in caplog.records)
-    assert type(steps).__name__ == "EagerSteps" and len(result.token_ids) == SHORT_NEW
+    assert not steps.graphed and len(result.token_ids) == SHORT_NEW
 
 
 @pytest.mark.gpu
@@ -114,20 +98,19 @@ def test_cuda_graphs_key_is_accepted_on_a_cpu_with_a_notice(small, caplog):
 def test_cuda_graphs_give_the_eager_tokens_on_the_gpu(folder, variant):
     eager, _ = generate(folder, variant, replayed=False, proposer="ngram", spec_k=3)
     graphed, steps = generate(folder, variant, replayed=False, proposer="ngram", spec_k=3, cuda_graphs=True)
-    assert isinstance(steps, GraphedSteps) and steps.graphs
+    assert steps.graphed and steps.graphs
     assert graphed.token_ids == eager.token_ids
     again, _ = generate(folder, variant, replayed=False, cuda_graphs=True)  # a fresh engine in the same process
     assert again.token_ids == generate(folder, variant, replayed=False)[0].token_ids
 
 
 def test_graphs_captured_up_front_leave_no_sequence_and_the_same_tokens(small):
-    """GraphedSteps.capture (what the engine does when it is built) takes every token count a
+    """StepRunner.capture (what the engine does when it is built) takes every token count a
     verify step can have, drops the positions it wrote, and generation gives the eager tokens."""
     eager, _ = generate_small(small, "reference", replayed=False, proposer="ngram", spec_k=3)
     engine = tileinfer.Engine.from_config("reference", model=str(small), device=DEVICE, dtype="float32",
                                           kv_page_size=16, proposer="ngram", spec_k=3, progress=False)
-    steps = GraphedSteps(engine.model, engine.kv, capture=rerun_capture)
-    use_steps(engine, steps)
+    steps = replayed_steps(engine).decoder.steps
     steps.capture(range(1, 5))
     assert sorted(steps.graphs) == [1, 2, 3, 4] and engine.kv.length == 0
     result = engine.generate(SHORT_PROMPT, max_new_tokens=SHORT_NEW)

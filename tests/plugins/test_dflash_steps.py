@@ -27,22 +27,8 @@ import torch
 from conftest import DEVICE, ROOT, reference_engine, repetitive_prompt
 from tileinfer.plugins.dflash_steps import DFlashSteps
 
-from device_loop import guard_steps, poison_unread_positions
+from device_loop import guard_steps, poison_unread_positions, rebuild, rerun_capture
 from dflash_checkpoints import TARGET, make_dflash
-
-
-def rerun_capture(fn, pool):
-    """Stand-in for cuda_graph_capture: replay re-runs ``fn`` and writes its tensors into the first
-    run's outputs, as a graph writes its static outputs."""
-    outputs = fn()
-
-    def replay():
-        new = fn()
-        if outputs is not None:
-            for old, fresh in zip(outputs, new):
-                old.copy_(fresh)
-
-    return replay, outputs
 
 
 def engine(target, drafter, spec_k: int, **kw):
@@ -74,13 +60,7 @@ def replayed(e) -> DFlashSteps:
 def device_loop(e, capture=None) -> None:
     """Decode ``e``'s greedy generations in the device-resident loop, eagerly (as on a CPU) or
     captured by ``capture``."""
-    from tileinfer.decoding import Decoder
-    from tileinfer.device_speculation import SpeculativeLoop
-
-    k = e.config.spec_k
-    with torch.inference_mode():
-        loop = SpeculativeLoop(e.model, e.kv, e.proposer, [k], capture=capture)
-    e.decoder = Decoder(e.model, e.kv, e.sampler, e.decoder.steps, proposer=e.proposer, spec_k=k, loop=loop)
+    rebuild(e, loop_capture=capture)
 
 
 def record_drafts(e) -> list[tuple[int, list[int]]]:

@@ -224,11 +224,9 @@ def test_cli_errors_are_one_line(case, checkpoint_factory, capsys):
 
 @pytest.mark.gpu
 def test_the_drafts_steps_replayed_from_cuda_graphs_give_the_eager_drafts(checkpoint_factory):
-    """On a GPU with cuda_graphs the draft's steps replay graphs (GraphedSteps) and draft exactly what
+    """On a GPU with cuda_graphs the draft's steps replay graphs (StepRunner) and draft exactly what
     its eager steps draft: the same tokens, steps and accepted drafts (bfloat16, default kernels; the
     sequential loop: the device loop calls the draft's model inside its own graph)."""
-    from tileinfer.steps import EagerSteps, GraphedSteps
-
     target = checkpoint_factory(max_positions=512)
     draft = checkpoint_factory(layers=1, seed=1, max_positions=512)
     runs = {}
@@ -236,7 +234,7 @@ def test_the_drafts_steps_replayed_from_cuda_graphs_give_the_eager_drafts(checkp
         e = tileinfer.Engine.from_config(model=str(target), device="cuda", kv_page_size=16, progress=False,
                                          proposer="draft", spec_k=5, cuda_graphs=graphs, temperature=0.0,
                                          pipelined=False, options={"draft": {"model": str(draft)}})
-        assert isinstance(e.proposer.steps, GraphedSteps if graphs else EagerSteps)
+        assert e.proposer.steps.graphed == graphs
         runs[graphs] = e.generate(repetitive_prompt(), max_new_tokens=48, ignore_eos=True)
     assert runs[True].token_ids == runs[False].token_ids
     assert runs[True].stats.drafted_tokens == runs[False].stats.drafted_tokens > 0
