@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU machine (device tool) has no network and no omegaconf: carry its wheel, the INT8 peers'
 # packages (torchao 0.18.0's abi3 wheel, gemlite 0.6.0.post2's sdist: pure Python/Triton), and
-# pytest-xdist with execnet (the GPU tests over several processes: bench/gpu_matrix.sh tests).
+# pytest-xdist with execnet (the GPU tests over several processes: python -m bench gpu-tests).
 #   here:  bash bench/device.sh wheels        # downloads into .whl/ (git-ignored via .git/info/exclude)
 #   there: source bench/device.sh setup       # installs the carried wheels and tileinfer, no network
-# Every device call names .whl in `carry` and starts with `source bench/device.sh setup`. All of
+# Every device call names .whl in `carry` and starts with `source bench/device.sh setup`, then runs
+# `python3 -m bench ...` (python -m bench --help lists the calls). All of
 # .whl is about 4 MB (omegaconf 0.25, torchao 3.4, gemlite 0.18, xdist 0.09); a call carries 64 MiB in all.
 # A peer package that does not install there is a notice, not a failure: its rows then record why.
 case "${1:-}" in

@@ -1,4 +1,8 @@
-"""Peers: what a user would run instead, on the same GPU, shapes and workloads, in the same run.
+"""Peers: what a user would run instead, on the same machine, shapes and workloads, in the same run.
+
+``python -m bench peers`` measures our default and every peer at the matrix's workloads (rows of
+the matrix, kind ``matrix``: ``python -m bench matrix`` with these names); ``python -m bench cpu``
+the CPU path on the shipped model against transformers, runs taking turns (see :func:`cpu_main`).
 
 - ``hf-sdpa``: Hugging Face transformers' Qwen3ForCausalLM, eager, ``attn_implementation="sdpa"``,
   ``model.generate(do_sample=False, min_new_tokens=max_new_tokens)`` (dynamic cache);
@@ -13,7 +17,7 @@
   in place, and each step's attention is sized for the whole pool (``Step.max_context``) so that
   one graph serves every position. Prefill stays eager.
 
-The INT8 weight-only peers (bench/gpu_matrix.sh measures them beside our ``int8`` variant):
+The INT8 weight-only peers (the matrix's parts 7 and 8 measure them beside our ``int8`` variant):
 
 - ``engine-compiled-int8``: ``engine-compiled`` with ``quantize=int8`` on the reference linear,
   gpt-fast's int8 weight-only: int8 weights with one float32 scale per output channel, the
@@ -22,8 +26,8 @@ The INT8 weight-only peers (bench/gpu_matrix.sh measures them beside our ``int8`
 - ``hf-torchao-int8``: ``hf-static-compile`` with torchao's ``quantize_(model,
   Int8WeightOnlyConfig())`` applied to the model on the device (every ``nn.Linear``, the lm_head
   included: int8 weights, one scale per output channel; the embedding stays BF16). Where torchao
-  does not import, building the runner raises "cannot run: ..." and bench/run.py records the
-  row with that reason.
+  does not import, building the runner raises "cannot run: ..." and the matrix records the row
+  with that reason.
 
 Timing, as the engine's stats do it: a transformers streamer notes when each new token reaches the
 host; the prefill is the time from the (synchronized) call to the first token of a one-token
@@ -34,6 +38,7 @@ The compiled engine is timed by its own stats.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,7 +46,8 @@ from pathlib import Path
 import torch
 
 from tileinfer.interfaces import Step
-from workloads import EngineRunner, Workload, free_memory, random_prompt
+
+from .workloads import EngineRunner, Workload, free_memory, random_prompt
 
 PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled", "engine-compiled-int8", "hf-torchao-int8")
 INT8_PEERS = ("engine-compiled-int8", "hf-torchao-int8")  # weight-only INT8: their roofline counts INT8 bytes
@@ -206,3 +212,139 @@ def runner(peer: str, folder: Path, device: torch.device, *, kv_capacity: int, d
     if peer == "hf-torchao-int8":
         return HFRunner(folder, device, static=True, max_cache_len=kv_capacity, quantize="torchao-int8")
     raise ValueError(f"unknown peer {peer!r}; valid: {', '.join(PEERS)}")
+
+
+# -- python -m bench peers ------------------------------------------------------------------------
+
+def arguments(p) -> None:
+    from . import matrix
+
+    matrix.arguments(p, names=f"default: default, int8 and every peer ({', '.join(PEERS)})")
+
+
+def main(args) -> int:
+    from . import matrix
+
+    args.variant = args.variant or ["default", "int8", *PEERS]
+    return matrix.main(args)
+
+
+# -- python -m bench cpu: the CPU path on the shipped model against transformers ------------------
+
+class TileinferCPU:
+    name = "tileinfer"
+
+    def __init__(self, model: Path) -> None:
+        import tileinfer
+
+        self.engine = tileinfer.Engine.from_config(model=str(model), device="cpu", temperature=0.0,
+                                                   repetition_penalty=1.0, progress=False)  # plain greedy
+
+    def prefill_ms(self, ids: list[int]) -> float:
+        return self.engine.generate(ids, max_new_tokens=1, ignore_eos=True).stats.prefill_ms
+
+    def decode_tok_s(self, ids: list[int], new: int) -> float:
+        return self.engine.generate(ids, max_new_tokens=new, ignore_eos=True).stats.decode_tok_s
+
+
+class TransformersCPU:
+    name = "transformers-sdpa"
+
+    def __init__(self, model: Path) -> None:
+        import transformers
+        from transformers import Qwen3ForCausalLM
+
+        transformers.utils.logging.disable_progress_bar()
+        self.model = Qwen3ForCausalLM.from_pretrained(model, attn_implementation="sdpa", dtype=torch.float32).eval()
+
+    def _times(self, ids: list[int], new: int) -> list[float]:
+        return token_arrivals(self.model, torch.tensor([ids]), new, do_sample=False, repetition_penalty=1.0,
+                              pad_token_id=0)
+
+    def prefill_ms(self, ids: list[int]) -> float:
+        return self._times(ids, 1)[0] * 1e3
+
+    def decode_tok_s(self, ids: list[int], new: int) -> float:
+        times = self._times(ids, new)
+        return (new - 1) / (times[-1] - times[0])
+
+
+def interleaved(runners: list, fn, repeats: int) -> list[float]:
+    """Median of ``repeats`` calls of ``fn(runner)`` for each runner, after one warm-up each; the
+    runners take turns, so that a load that comes and goes on the machine falls on both alike."""
+    samples: list[list[float]] = [[] for _ in runners]
+    for _ in range(repeats + 1):
+        for i, runner in enumerate(runners):
+            samples[i].append(fn(runner))
+    return [statistics.median(s[1:]) for s in samples]
+
+
+def cpu_arguments(p) -> None:
+    from . import records
+
+    p.description = ("The CPU path: prefill of a long held-out prompt and decode tok/s after a short and a long "
+                     "context, tileinfer's default config on a CPU against transformers' Qwen3ForCausalLM (sdpa, "
+                     "float32) on the same model, tokens and thread count, runs taking turns; each figure the "
+                     "median of --repeats after a warm-up, wall clock. Records: kind cpu_peer, one per "
+                     "implementation.")
+    p.add_argument("--model", type=Path, help="checkpoint folder (default: the shipped models/target)")
+    p.add_argument("--long", type=int, default=1900, help="prompt tokens of the prefill and the long context")
+    p.add_argument("--short", type=int, default=8, help="prompt tokens of the short context")
+    p.add_argument("--new", type=int, default=65, help="tokens generated per decode run")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per figure, after one warm-up")
+    p.add_argument("--label", default="", help="a name for the run in its records (e.g. before, after)")
+    records.arguments(p)
+
+
+def cpu_main(args) -> int:
+    import os
+
+    from tileinfer.models import prompts
+    from tileinfer.tokenizer import Tokenizer
+
+    from . import records
+
+    model = args.model or Path(prompts.__file__).parent / "target"
+    tok = Tokenizer.from_folder(model)
+    text = "\n\n".join(p.read_text() for p in sorted(prompts.HELDOUT_DIR.glob("*.py.txt")))
+    ids = tok.encode(text, add_special_tokens=False)
+    if len(ids) < args.long:
+        print(f"error: the held-out files hold {len(ids)} tokens, fewer than --long {args.long}")
+        return 2
+    ids = ids[:args.long]
+    run = records.Run("cpu", commit=args.commit, path=args.records)
+    load_before = os.getloadavg()[0]
+    runners = [TileinferCPU(model), TransformersCPU(model)]
+    figures = {"prefill_ms": lambda r: r.prefill_ms(ids),
+               "decode_tok_s_short": lambda r: r.decode_tok_s(ids[:args.short], args.new),
+               "decode_tok_s_long": lambda r: r.decode_tok_s(ids, args.new)}
+    values = {key: interleaved(runners, fn, args.repeats) for key, fn in figures.items()}
+    for i, runner in enumerate(runners):
+        rec = run.add("cpu_peer", impl=runner.name, label=args.label, model=model.name, threads=torch.get_num_threads(),
+                      prompt_tokens=args.long, short_context=args.short, new_tokens=args.new, repeats=args.repeats,
+                      load_average=[load_before, os.getloadavg()[0]], **{k: v[i] for k, v in values.items()})
+        print(f"{runner.name:18} prefill {rec['prefill_ms']:8.1f} ms, decode after {args.short}: "
+              f"{rec['decode_tok_s_short']:.1f} tok/s, after {args.long}: {rec['decode_tok_s_long']:.1f} tok/s")
+    print(f"appended to {run.path}")
+    return 0
+
+
+def cpu_table(rows: list[dict]) -> str:
+    from .report import markdown
+
+    first = rows[0]
+    body = [[r["label"] or "-", r["impl"], f"{r['prefill_ms']:.1f}", f"{r['decode_tok_s_short']:.1f}",
+             f"{r['decode_tok_s_long']:.1f}"] for r in sorted(rows, key=lambda r: (r["date"], r["label"], r["impl"]))]
+    notes = sorted({f"{r['label']}: {r['note']}" for r in rows if r.get("note")})
+    return (f"Model {first['model']}, {first['threads']} threads, a {first['prompt_tokens']}-token held-out prompt, "
+            f"{first['new_tokens']} new tokens, medians of {first['repeats']}, runs taking turns.\n\n"
+            + markdown(["run", "implementation", f"prefill {first['prompt_tokens']} (ms)",
+                        f"decode after {first['short_context']} (tok/s)",
+                        f"decode after {first['prompt_tokens']} (tok/s)"], body)
+            + "".join(f"\n\n{note}" for note in notes))
+
+
+def tables() -> list:
+    from .report import Table
+
+    return [Table("cpu_peer", "the CPU path against transformers, {group}", cpu_table, group=lambda r: r["model"])]

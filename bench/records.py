@@ -1,148 +1,105 @@
-"""The rows of a results.json: how one is made, what it must hold, and how the parts of one
-commit's matrix are combined.
+"""The record store: every measurement is one JSON line in bench/results/<machine>/records.jsonl.
 
-A record is one row of the matrix (one shape x variant-or-peer x workload) of one run of
-bench/run.py. ``value`` is null when the row was not measured, and ``note`` says why (a config
-that does not load, an incompatible combination, out of memory, a peer that failed). ``part`` is
-null in a run's own results.json; ``combine`` sets it to the name of the part's folder, so that
-each gain in results.md can divide by the default measured in the same part (bench/gpu_matrix.sh
-measures the default in every part).
+A record is a flat JSON object::
+
+    {"kind": "matrix", "commit": "abc1234", "date": "2026-12-01T10:00:00+00:00",
+     "versions": {"torch": "2.13.0+cu130", "triton": "3.6.0", "cuda": "13.0", "gpu": "NVIDIA H200"},
+     "shape": "Qwen3-4B", "variant": "default", ..., "value": 382.8, "unit": "tok/s"}
+
+- ``kind``: what was measured, one per table family of ``python -m bench report`` (``matrix``,
+  ``step``, ``dflash_step``, ``speculative``, ``kernel``, ...);
+- ``commit``: the commit measured (``--commit``, else ``git rev-parse --short HEAD``);
+- ``date``: when the run began (ISO 8601, UTC); every record of one run has the same date, so a
+  run's records are those of one commit and one date;
+- ``versions``: torch, triton, CUDA (torch's build; None on a CPU build) and the GPU (None on a CPU);
+- the figures: the fields of the kind.
+
+The machine is the GPU's name with ``-`` for spaces, or ``cpu``. A run appends each record as it
+is measured, so that a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import math
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
-from limits import Limits
-from roofline import decode_roofline_tok_s, prefill_flops
-from tileinfer.model_config import ModelConfig
-from variants import VARIANTS
-from workloads import Measurement, Workload
-
-REQUIRED = ("shape", "variant", "workload", "value", "unit", "roofline_fraction", "tflops", "peak_fraction", "peer",
-            "gpu", "torch", "triton", "commit", "date")
-
-
-def triton_version() -> str | None:
-    """Triton's version, or None where it is not installed."""
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str | None:
     """``git rev-parse --short HEAD`` of this checkout, or None outside git."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or None
+                              cwd=RESULTS.parent, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def environment(limits: Limits, commit: str | None = None) -> dict:
-    """Where and when: gpu, torch, triton, commit (``commit``, else :func:`git_commit`), date,
-    and the limits measured in the run."""
-    return {"gpu": limits.device, "torch": torch.__version__, "triton": triton_version(),
-            "commit": commit or git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "copy_bandwidth_tb_s": limits.copy_bandwidth / 1e12, "matmul_peak_tflops": limits.matmul_peak / 1e12}
+def versions(device: torch.device | str) -> dict:
+    """torch, triton (None where it does not import), CUDA and the GPU's name (None on a CPU)."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None
+    return {"torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda, "gpu": gpu}
 
 
-def record(*, shape: str, workload: Workload, env: dict, mc: ModelConfig, variant: str | None = None,
-           peer: str | None = None, measurement: Measurement | None = None, note: str | None = None,
-           layout: dict | None = None, kv_capacity: int | None = None) -> dict:
-    """One row. ``layout`` (``quantize``, ``storage``, ``dtype_bytes``) sets the roofline's bytes."""
-    value = measurement.value if measurement else None
-    row = {"shape": shape, "variant": variant, "peer": peer, "workload": workload.name, "value": value,
-           "unit": workload.unit, "roofline_fraction": None, "roofline_tok_s": None, "tflops": None,
-           "peak_fraction": None, "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens,
-           "kv_capacity": kv_capacity, "samples": measurement.samples if measurement else [], "note": note,
-           "config": VARIANTS.get(variant) if variant else None, "part": None, **env}
-    if value is None:
-        return row
-    if workload.kind == "decode":
-        roof = decode_roofline_tok_s(mc, workload.prompt_tokens, workload.new_tokens,
-                                     env["copy_bandwidth_tb_s"] * 1e12, **(layout or {}))
-        row.update(roofline_tok_s=roof, roofline_fraction=value / roof)
-    else:
-        flops = prefill_flops(mc, workload.prompt_tokens)["total"]
-        row.update(tflops=flops / (value / 1e3) / 1e12)
-        row.update(peak_fraction=row["tflops"] / env["matmul_peak_tflops"])
-    return row
+def machine(gpu: str | None) -> str:
+    """The store's folder name: the GPU's name with ``-`` for spaces, or ``cpu``."""
+    return gpu.replace(" ", "-") if gpu else "cpu"
 
 
-def key(row: dict) -> tuple:
-    """What identifies a row of the matrix: shape, variant, peer, workload."""
-    return row["shape"], row["variant"], row["peer"], row["workload"]
+def store(device: torch.device | str) -> Path:
+    """This machine's records.jsonl."""
+    return RESULTS / machine(versions(device)["gpu"]) / "records.jsonl"
 
 
-def name(row: dict) -> str:
-    """The row's variant or peer."""
-    return row["variant"] or row["peer"]
+def load(path: Path) -> list[dict]:
+    """The records of a records.jsonl, in file order ([] when there is no file)."""
+    if not Path(path).is_file():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def check(row: dict) -> None:
-    """What the smoke test asserts of a measured row (never a timing)."""
-    missing = [k for k in REQUIRED if k not in row]
-    assert not missing, f"record lacks {missing}"
-    assert row["value"] is not None and math.isfinite(row["value"]) and row["value"] > 0, row
-    figure = row["roofline_fraction"] if row["unit"] == "tok/s" else row["tflops"]
-    assert figure is not None and math.isfinite(figure) and figure > 0, row
+def append(path: Path, records: Iterable[dict]) -> None:
+    """Append ``records`` to ``path`` (created with its folder), one JSON line each."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for record in records:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
 
 
-class CombineError(ValueError):
-    """Parts that do not make one matrix: different commits or GPUs, or a row measured twice."""
+class Run:
+    """One run of a benchmark: its commit, date and versions, and where its records go.
+
+    ``add(kind, **figures)`` appends a record at once and returns it."""
+
+    def __init__(self, device: torch.device | str, *, commit: str | None = None, path: Path | None = None) -> None:
+        self.stamp = {"commit": commit or git_commit(),
+                      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      "versions": versions(device)}
+        self.path = Path(path) if path else RESULTS / machine(self.stamp["versions"]["gpu"]) / "records.jsonl"
+        self.records: list[dict] = []
+
+    def add(self, kind: str, **figures) -> dict:
+        record = {"kind": kind, **self.stamp, **figures}
+        append(self.path, [record])
+        self.records.append(record)
+        return record
 
 
-def combine(parts: dict[str, list[dict]]) -> list[dict]:
-    """The rows of several parts of one commit's matrix (part name -> its results.json rows), each
-    row's ``part`` set to its part's name; CombineError unless they pass :func:`check_one_matrix`."""
-    rows = [{**r, "part": part} for part, records in parts.items() for r in records]
-    check_one_matrix(rows)
-    return rows
-
-
-def check_one_matrix(rows: list[dict]) -> None:
-    """CombineError unless ``rows`` are one matrix: one known commit and one GPU, each part (a run
-    of bench/run.py) of one date, and no row measured twice (only ``default`` may be in several
-    parts, each part's baseline)."""
-    if not rows:
-        raise CombineError("no rows")
-    for field in ("commit", "gpu"):
-        values = {r[field] for r in rows}
-        if len(values) > 1 or None in values:
-            raise CombineError(f"the rows must come from one {field}, not {', '.join(sorted(map(str, values)))}")
-    dates: dict = {}
-    for r in rows:
-        dates.setdefault(r.get("part"), set()).add(r["date"])
-    for part, seen in dates.items():
-        if len(seen) > 1:
-            raise CombineError(f"{'part ' + part if part else 'the results'} holds rows of {len(seen)} runs "
-                               f"({', '.join(sorted(seen))}); one run each")
-    owner: dict[tuple, str | None] = {}
-    for r in rows:
-        if key(r) in owner and (r["variant"] != "default" or owner[key(r)] == r.get("part")):
-            raise CombineError(f"{'/'.join(str(k) for k in key(r) if k)} is in part {owner[key(r)]} "
-                               f"and part {r.get('part')}")
-        owner[key(r)] = r.get("part")
-
-
-def load_parts(folders: list[Path]) -> dict[str, list[dict]]:
-    """Each folder's results.json, by the folder's name (the part's name)."""
-    parts = {}
-    for folder in folders:
-        path = folder / "results.json"
-        if not path.is_file():
-            raise CombineError(f"{path} not found")
-        if folder.name in parts:
-            raise CombineError(f"two parts are named {folder.name}")
-        parts[folder.name] = json.loads(path.read_text())
-    return parts
+def arguments(p) -> None:
+    """``--commit`` and ``--records``, which every benchmark takes."""
+    p.add_argument("--commit", help="the commit to record (default: git rev-parse --short HEAD; give it where the "
+                   "checkout is a copy without its history, as on the GPU machine)")
+    p.add_argument("--records", type=Path, metavar="FILE", help="append the records to FILE (default: "
+                   "bench/results/<machine>/records.jsonl, machine the GPU's name or cpu)")

@@ -8,45 +8,34 @@ free localhost port. For each prompt and repeat, the direct call and the HTTP re
 both plain greedy (``temperature=0``, no penalty, the model's EOS, ``--new-tokens`` at most), after
 one warm-up of each. Times are taken where a user sees them: from the call (the request sent) to
 the first chunk that carries tokens (TTFT) and to the last; decode tok/s is the tokens after the
-first over that span. The replies must be the same text on both paths (a mismatch is recorded and
-the exit status is 1). The prompts are the ``def`` lines of the held-out files (bench/prompts.py)
-and, for a longer prefill, the heads of those files cut at ``--long-tokens`` tokens.
-
-Writes bench/results/<device>/server.json (``cpu``, or the GPU's name) and prints a table.
+first over that span. The replies must be the same text on both paths (a mismatch makes the exit
+status 1). The prompts are the ``def`` lines of the held-out files (tileinfer.models.prompts) and,
+for a longer prefill, the heads of those files cut at ``--long-tokens`` tokens. Records (kind
+``server``): the medians per prompt kind (short, long) and path (direct, server).
 
 examples:
-  python bench/server.py                                   # the shipped model on the CPU
-  python bench/server.py --device cuda --model /path/to/Qwen3-0.6B --new-tokens 256
+  python -m bench server                                   # the shipped model on the CPU
+  python -m bench server --device cuda --model /path/to/Qwen3-0.6B --new-tokens 256
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
 import os
-import platform
 import socket
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import torch
 
-import httpx  # noqa: E402
-import torch  # noqa: E402
-import uvicorn  # noqa: E402
+import tileinfer
+from tileinfer.interfaces import SamplingParams
+from tileinfer.models import prompts as prompts_mod
 
-from tileinfer.models import prompts as prompts_mod  # noqa: E402
-from generation_defaults import heldout_prompts  # noqa: E402
-from records import git_commit  # noqa: E402
-import tileinfer  # noqa: E402
-from tileinfer.interfaces import SamplingParams  # noqa: E402
-from tileinfer.server import create_app  # noqa: E402
+from . import records
 
-ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0)
 
 
@@ -60,6 +49,10 @@ class Served:
     """``create_app(engine)`` under uvicorn in a thread; ``url`` while inside ``with``."""
 
     def __init__(self, engine) -> None:
+        import uvicorn
+
+        from tileinfer.server import create_app
+
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(create_app(engine, queue_size=1), host="127.0.0.1",
                                                     port=self.port, log_level="warning"))
@@ -97,7 +90,7 @@ def direct(engine, prompt: str, new: int) -> tuple[dict, str]:
     return timing(start, arrivals), "".join(text)
 
 
-def served(client: httpx.Client, url: str, prompt: str, new: int) -> tuple[dict, str]:
+def served(client, url: str, prompt: str, new: int) -> tuple[dict, str]:
     """A streamed /v1/completions request; tokens counted by the chunks' text and the usage."""
     body = {"prompt": prompt, "max_tokens": new, "temperature": 0, "repetition_penalty": 1.0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -125,22 +118,26 @@ def median(rows: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="checkpoint folder (default: the shipped models/target)")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--config", action="append", default=[], help="config file or shipped config name")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--prompts", type=int, default=8, help="short prompts (default 8)")
-    parser.add_argument("--long-tokens", type=int, default=512, help="tokens of the long prompts (0: none)")
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args(argv)
+def arguments(p) -> None:
+    p.description, p.epilog = __doc__.split("\n\n")[0], __doc__.split("\n\n", 1)[1]
+    p.add_argument("--model", help="checkpoint folder (default: the shipped models/target)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--config", action="append", default=[], help="config file or shipped config name")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--prompts", type=int, default=8, help="short prompts (default 8)")
+    p.add_argument("--long-tokens", type=int, default=512, help="tokens of the long prompts (0: none)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    records.arguments(p)
+
+
+def main(args) -> int:
+    import httpx
+
     keys = {"model": args.model} if args.model else {}
     engine = tileinfer.Engine.from_config(*args.config, overrides=args.override, device=args.device,
                                           progress=False, **keys)
-    prompts = [("short", p) for p in heldout_prompts(args.prompts)]
+    prompts = [("short", p) for p in prompts_mod.def_lines(args.prompts)]
     if args.long_tokens:
         for name in sorted({b[0] for b in prompts_mod.BENCHMARK}):
             ids = engine.tokenizer.encode((prompts_mod.HELDOUT_DIR / name).read_text())[:args.long_tokens]
@@ -156,41 +153,47 @@ def main(argv: list[str] | None = None) -> int:
                 s, s_text = served(client, url, prompt, args.new_tokens)
                 if d_text != s_text:
                     mismatches.append(prompt[:60])
-                rows.append({"kind": kind, "prompt": prompt[:60], "direct": d, "server": s})
-    summary = {}
+                rows.append({"kind": kind, "direct": d, "server": s})
+    run = records.Run(args.device, commit=args.commit, path=args.records)
+    setting = dict(model=engine.folder.name, threads=torch.get_num_threads() if args.device == "cpu" else None,
+                   cpus=len(os.sched_getaffinity(0)), load_average=[load_before, os.getloadavg()[0]],
+                   new_tokens=args.new_tokens, repeats=args.repeats, mismatches=len(mismatches))
+    print(f"{'prompts':<8} {'path':<8} {'TTFT ms':>9} {'decode tok/s':>13}")
     for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = [r for r in rows if r["kind"] == kind]
-        out = {path: {"ttft_ms": median([r[path] for r in mine], "ttft_ms"),
-                      "decode_tok_s": median([r[path] for r in mine], "decode_tok_s")} for path in ("direct", "server")}
-        d, s = out["direct"], out["server"]
-        out["ttft_added_ms"] = s["ttft_ms"] - d["ttft_ms"]
-        out["per_token_added_ms"] = (1e3 / s["decode_tok_s"] - 1e3 / d["decode_tok_s"]
-                                     if s["decode_tok_s"] and d["decode_tok_s"] else None)
-        summary[kind] = out
-    device = "cpu" if args.device == "cpu" else torch.cuda.get_device_name().replace(" ", "-")
-    record = {"script": "bench/server.py", "command": " ".join(["python", "bench/server.py", *(argv or sys.argv[1:])]),
-              "model": str(engine.folder.relative_to(ROOT) if engine.folder.is_relative_to(ROOT) else engine.folder),
-              "device": device, "threads": torch.get_num_threads() if args.device == "cpu" else None,
-              "cpus": len(os.sched_getaffinity(0)), "load_average_1min": [load_before, os.getloadavg()[0]],
-              "new_tokens": args.new_tokens, "repeats": args.repeats, "summary": summary, "mismatches": mismatches,
-              "rows": rows, "torch": torch.__version__, "machine": platform.machine(), "commit": git_commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    out = args.out or ROOT / "bench" / "results" / device / "server.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'prompts':<8} {'path':<8} {'TTFT ms':>9} {'decode tok/s':>13}")
-    for kind, out_kind in summary.items():
         for path in ("direct", "server"):
-            v = out_kind[path]
-            print(f"{kind:<8} {path:<8} {v['ttft_ms']:>9.1f} {v['decode_tok_s'] or float('nan'):>13.1f}")
-        print(f"{kind:<8} server adds {out_kind['ttft_added_ms']:.1f} ms to the first token, "
-              f"{out_kind['per_token_added_ms'] or float('nan'):.2f} ms per token")
+            figures = {key: median([r[path] for r in mine], key) for key in ("ttft_ms", "decode_tok_s")}
+            run.add("server", **setting, prompts=kind, path=path, replies=len(mine), **figures)
+            print(f"{kind:<8} {path:<8} {figures['ttft_ms']:>9.1f} {figures['decode_tok_s'] or float('nan'):>13.1f}")
+    print(f"appended {len(run.records)} records to {run.path}")
     if mismatches:
         print(f"replies differ between the paths for: {mismatches}", file=sys.stderr)
         return 1
-    print(f"-> {out}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def table(rows: list[dict]) -> str:
+    from .report import markdown
+
+    index = {(r["prompts"], r["path"]): r for r in rows}
+    body = []
+    for kind in dict.fromkeys(r["prompts"] for r in rows):
+        d, s = index.get((kind, "direct")), index.get((kind, "server"))
+        added = f"{s['ttft_ms'] - d['ttft_ms']:.1f}" if d and s else "-"
+        per_token = (f"{1e3 / s['decode_tok_s'] - 1e3 / d['decode_tok_s']:.2f}"
+                     if d and s and d["decode_tok_s"] and s["decode_tok_s"] else "-")
+        for r in (d, s):
+            if r:
+                body.append([kind, r["path"], f"{r['ttft_ms']:.1f}", f"{r['decode_tok_s'] or float('nan'):.1f}",
+                             added if r is s else "", per_token if r is s else ""])
+    first = rows[0]
+    return (f"Model {first['model']}, up to {first['new_tokens']} new tokens, medians of {first['repeats']} repeats "
+            f"per prompt.\n\n" + markdown(["prompts", "path", "TTFT ms", "decode tok/s", "server adds to TTFT (ms)",
+                                             "server adds per token (ms)"], body))
+
+
+def tables() -> list:
+    from .report import Table
+
+    return [Table("server", "the server against the engine called directly, {group}", table,
+                  group=lambda r: r["model"])]

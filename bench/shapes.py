@@ -1,14 +1,27 @@
-"""Model shapes for benchmarks, and random-weight checkpoints of them written by transformers.
+"""Model shapes for benchmarks, random-weight checkpoints of them, and their rooflines.
 
-The checkpoint is a real Hugging Face folder (config.json + safetensors via save_pretrained),
-loaded through the engine's normal loader.
+A checkpoint is a real Hugging Face folder (config.json + safetensors via save_pretrained), loaded
+through the engine's normal loader; a DFlash drafter's is z-lab's format.
+
+Decode roofline: a step reads every weight once (the tied embedding once, as the lm_head; a
+token's embedding row is negligible) plus the K and V of every cached position; at the measured
+copy bandwidth that is ``bandwidth / bytes`` steps per second. Weight-only INT8 stores one byte
+per weight of every Linear (the lm_head included) plus a float32 scale per output row; the INT8
+KV cache one byte per value plus a float32 scale per cached vector (position x KV head, K and V).
+
+Prefill FLOPs: ``2 x tokens x`` the parameters of the decoder layers' linears, plus the lm_head
+for the last token only (the engine computes the prefill's logits with ``last_only=True``), plus
+causal attention ``4 x T^2 / 2 x heads x head_dim x layers`` (QK^T and PV, half the square).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+
+from tileinfer.model_config import ModelConfig
 
 COMMON = dict(head_dim=128, num_key_value_heads=8, vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1e6,
               max_position_embeddings=40960)
@@ -19,21 +32,29 @@ SHAPES = {
                      tie_word_embeddings=True, **COMMON),
     "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                      tie_word_embeddings=False, **COMMON),
-    # Not a Qwen3 model: a few-MB stand-in so that the benchmark suite runs on a CPU in seconds.
+    # Not a Qwen3 model: a few-MB stand-in so that the benchmarks run on a CPU in seconds.
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=32,
                  num_key_value_heads=2, vocab_size=512, rms_norm_eps=1e-6, rope_theta=1e6,
                  max_position_embeddings=40960, tie_word_embeddings=True),
 }
-
-
+GPU_SHAPES = ("Qwen3-0.6B", "Qwen3-4B")  # what a benchmark measures on a GPU unless told otherwise
 CPU_SHAPES = ("tiny",)  # the shapes a run on a CPU takes: the Qwen3 shapes need a GPU (GBs of weights, hours)
+CHECKPOINTS = Path("/tmp/tileinfer-checkpoints")  # where random checkpoints are written once and reused
+
+
+def model_config(shape: str) -> ModelConfig:
+    return ModelConfig.from_dict({**SHAPES[shape], "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
+
+
+def default_shapes(device: torch.device) -> list[str]:
+    return list(GPU_SHAPES if device.type == "cuda" else CPU_SHAPES)
 
 
 def cpu_refusal(shape: str) -> str | None:
     """Why ``shape`` is not run on a CPU (one line), or None for a CPU-sized shape."""
     if shape in CPU_SHAPES:
         return None
-    return (f"shape {shape} needs a CUDA GPU ({weight_bytes(shape) / 1e9:.1f} GB of weights); "
+    return (f"shape {shape} needs a CUDA GPU ({weight_bytes(model_config(shape)) / 1e9:.1f} GB of weights); "
             f"on a CPU use --shape {CPU_SHAPES[0]}")
 
 
@@ -59,15 +80,76 @@ def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0) -> Path:
     return folder
 
 
-def weight_bytes(shape: str, bytes_per_weight: float = 2.0) -> int:
-    """Bytes of weights a decode step reads (the tied embedding once, as the lm_head)."""
-    s = SHAPES[shape]
-    h, d, i = s["hidden_size"], s["head_dim"], s["intermediate_size"]
-    layer = h * (s["num_attention_heads"] + 2 * s["num_key_value_heads"]) * d + s["num_attention_heads"] * d * h + 3 * h * i
-    return int((s["num_hidden_layers"] * layer + s["vocab_size"] * h) * bytes_per_weight)
+def write_random_drafter(shape: str, layers: int, block: int, folder: Path, *, seed: int = 0) -> Path:
+    """A random z-lab-format DFlash drafter for a target of ``shape``, of the target's width as
+    z-lab's drafters are, target layer ids by z-lab's default rule (skipped if already there)."""
+    from safetensors.torch import save_file
+
+    from tileinfer.plugins.dflash_checkpoint import DFlashConfig, default_target_layer_ids
+
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return folder
+    target = SHAPES[shape]
+    n_target = target["num_hidden_layers"]
+    ids = list(default_target_layer_ids(n_target, layers))
+    if not all(0 <= i < n_target for i in ids):  # a target too shallow for the rule (the CPU's tiny shape)
+        ids = list(range(min(layers, n_target)))
+    vocab = target["vocab_size"]
+    config = {**target, "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": layers,
+              "tie_word_embeddings": False, "block_size": block, "num_target_layers": n_target,
+              "dflash_config": {"mask_token_id": 151669 if vocab > 151669 else vocab - 1, "target_layer_ids": ids}}
+    sizes = DFlashConfig.from_dict(config, str(folder / "config.json")).tensor_shapes()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device).manual_seed(seed)
+    tensors = {}
+    for name, size in sizes.items():
+        if len(size) == 1:  # norms
+            tensors[name] = torch.ones(size, dtype=torch.bfloat16)
+        else:
+            w = torch.randn(size, generator=g, device=device, dtype=torch.float32) * 0.02
+            tensors[name] = w.to(torch.bfloat16).cpu()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
 
 
-def kv_bytes_per_position(shape: str, bytes_per_value: float = 2.0) -> int:
-    """Bytes of keys and values one cached position holds, over all layers."""
-    s = SHAPES[shape]
-    return int(2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * bytes_per_value)
+def layer_linear_shapes(mc: ModelConfig) -> list[tuple[int, int]]:
+    """(out, in) of one decoder layer's linears, as the engine fuses them: qkv, o, gate_up, down."""
+    h, d, i = mc.hidden_size, mc.head_dim, mc.intermediate_size
+    return [((mc.num_heads + 2 * mc.num_kv_heads) * d, h), (h, mc.num_heads * d), (2 * i, h), (h, i)]
+
+
+def weight_bytes(mc: ModelConfig, quantize: str = "none", dtype_bytes: int = 2) -> int:
+    """Bytes of weights one decode step reads: every layer's linears and the lm_head."""
+    linears = [*layer_linear_shapes(mc)] * mc.num_layers + [(mc.vocab_size, mc.hidden_size)]
+    if quantize == "int8":
+        return sum(o * i + 4 * o for o, i in linears)
+    return sum(o * i for o, i in linears) * dtype_bytes
+
+
+def kv_bytes_per_position(mc: ModelConfig, storage: str = "dtype", dtype_bytes: int = 2) -> int:
+    """Bytes of K and V one cached position holds over all layers (``storage`` as KVStore.storage)."""
+    vectors = 2 * mc.num_layers * mc.num_kv_heads
+    return vectors * (mc.head_dim + 4 if storage == "int8" else mc.head_dim * dtype_bytes)
+
+
+def decode_step_bytes(mc: ModelConfig, context: float, *, quantize: str = "none", storage: str = "dtype",
+                      dtype_bytes: int = 2) -> float:
+    """Bytes one decode step reads after ``context`` cached positions."""
+    return weight_bytes(mc, quantize, dtype_bytes) + kv_bytes_per_position(mc, storage, dtype_bytes) * context
+
+
+def decode_roofline_tok_s(mc: ModelConfig, prompt: int, new: int, bandwidth: float, **layout) -> float:
+    """Tokens per second at the copy bandwidth (bytes/s) for ``new`` tokens after ``prompt``
+    positions, one token per step: the context averaged over the run (``prompt + new / 2``)."""
+    return bandwidth / decode_step_bytes(mc, prompt + new / 2, **layout)
+
+
+def prefill_flops(mc: ModelConfig, tokens: int) -> dict[str, float]:
+    """FLOPs of a causal prefill of ``tokens`` from position 0: ``gemm``, ``attention``, ``total``."""
+    layer = sum(o * i for o, i in layer_linear_shapes(mc))
+    gemm = 2.0 * tokens * layer * mc.num_layers + 2.0 * mc.vocab_size * mc.hidden_size  # lm_head: last token
+    attention = 4.0 * tokens * tokens / 2 * mc.num_heads * mc.head_dim * mc.num_layers
+    return {"gemm": gemm, "attention": attention, "total": gemm + attention}

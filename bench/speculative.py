@@ -1,117 +1,103 @@
-"""Plain greedy decoding against n-gram, draft-model and DFlash speculation on the benchmark prompts (bench/prompts.py).
+"""Plain greedy decoding against n-gram, draft-model and DFlash speculation on the benchmark prompts.
 
-For each prompt (EDIT and OPEN tasks on the held-out files, rendered with the chat template) one
-engine without a proposer, one with ``proposer=ngram``, one with ``proposer=draft`` (with
---draft-model, or the shipped models/draft when --model is the shipped target; else left out) and
-one with ``proposer=dflash`` (with --dflash-model, or the shipped models/dflash when --model is the
-shipped target and it is there; else left out) generate greedily, each after a warm-up
-generation of 8 tokens on that prompt (compilation and CUDA-graph capture are not timed; a verify
-step of a token count the warm-up did not meet is captured in the first timed run, so use
---repeats 3 with cuda_graphs). Recorded: new tokens, steps, tokens per step, drafted and accepted
-tokens, acceptance rate, decode tok/s (median over the repeats), prefill ms and the decoding loop
-that ran (``decode_loop``: sequential or pipelined plain decoding, speculative-sequential, or
-speculative-device, the device-resident loop of a greedy run with ``pipelined`` on CUDA). Each proposer's
-token ids must equal the plain ones: a prompt where they differ is a failure in the JSON and the exit
-status is 1.
+For each prompt (EDIT and OPEN tasks on the held-out files, tileinfer.models.prompts, rendered with
+the chat template) one engine without a proposer, one with ``proposer=ngram``, one with
+``proposer=draft`` (--draft-model, or the shipped models/draft when --model is the shipped target;
+else left out) and one with ``proposer=dflash`` (--dflash-model, or the shipped models/dflash with
+the shipped target; else left out) generate greedily, each after a warm-up generation of 8 tokens on
+that prompt (compilation and CUDA-graph capture are not timed; a verify step of a token count the
+warm-up did not meet is captured in the first timed run, so use --repeats 3 with CUDA graphs).
+Recorded (kind ``speculative``, one record per prompt and proposer): new tokens, steps, tokens per
+step, drafted and accepted tokens, acceptance, decode tok/s (median over the repeats), prefill ms,
+the speedup over plain decoding, and the decoding loop that ran (``decode_loop``: sequential or
+pipelined plain decoding, speculative-sequential, or speculative-device). Each proposer's token ids
+must equal the plain ones: a prompt where they differ is a failure, and the exit status is 1.
 
-Each proposer drafts ``spec_k`` tokens a step (the config's, 7 by default; ``--k dflash=15`` sets
-one proposer's; ``--k ngram=3,7,15`` measures each of several, as rows ``ngram@3`` ..., and the
-summary's ``best`` gives, per task, the k of each proposer with the highest mean tok/s). ``--sampled T`` samples at temperature T instead (seeded, so repeats reproduce;
-the drafts are verified by the p/q rule, greedy drafts unless ``--sampled-drafts``): the tokens
-then differ from plain decoding's by design and are not compared.
+Each proposer drafts ``spec_k`` tokens a step (the config's; ``--k dflash=15`` sets one proposer's;
+``--k ngram=3,7,15`` measures each of several, labelled ``ngram@3`` ...). ``--sampled T`` samples at
+temperature T instead (seeded, so repeats reproduce; the drafts are verified by the p/q rule, greedy
+drafts unless ``--sampled-drafts``): the tokens then differ from plain decoding's by design and are
+not compared.
 
 examples:
-  python bench/speculative.py --device cpu --config reference --new-tokens 64
-  python bench/speculative.py --device cpu --new-tokens 128 --k dflash=15
-  python bench/speculative.py --device cuda --repeats 3
-  python bench/speculative.py --device cuda --config eager
+  python -m bench spec --device cpu --config reference --new-tokens 64
+  python -m bench spec --device cpu --new-tokens 128 --k dflash=15
+  python -m bench spec --device cuda --new-tokens 256 --repeats 3 --k ngram=7,15 --k draft=3,7 --k dflash=7,15
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import datetime
-import json
-import platform
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+import torch
+from tqdm.auto import tqdm
 
-import torch  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
+import tileinfer
+from tileinfer.errors import TileinferError
+from tileinfer.models import prompts as prompts_mod
+from tileinfer.tokenizer import Tokenizer
 
-from tileinfer.models import prompts as prompts_mod  # noqa: E402
-from records import git_commit, triton_version  # noqa: E402
-import tileinfer  # noqa: E402
-from tileinfer.errors import TileinferError  # noqa: E402
-from tileinfer.tokenizer import Tokenizer  # noqa: E402
+from . import records
 
-ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = Path(prompts_mod.__file__).resolve().parent
 PROPOSERS = ("none", "ngram", "draft", "dflash")
 WARM_UP_TOKENS = 8
+FIGURES = ("new_tokens", "steps", "tokens_per_step", "drafted_tokens", "accepted_tokens", "acceptance",
+           "decode_tok_s", "prefill_ms", "decode_tok_s_runs", "finish_reason", "decode_loop")
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, metavar="DIR", default=ROOT / "models" / "target",
+def ks(text: str) -> tuple[str, list[int]]:
+    """``PROPOSER=K[,K...]`` -> ``(proposer, [k, ...])``."""
+    import argparse
+
+    name, _, values = text.partition("=")
+    try:
+        k = [int(v) for v in values.split(",")]
+    except ValueError:
+        k = []
+    if name not in PROPOSERS[1:] or not k or min(k) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected PROPOSER=K[,K...] with PROPOSER one of "
+                                         f"{', '.join(PROPOSERS[1:])} and K >= 1")
+    return name, k
+
+
+def arguments(p) -> None:
+    p.description, p.epilog = __doc__.split("\n\n")[0], __doc__.split("\n\n", 1)[1]
+    p.add_argument("--model", type=Path, metavar="DIR", default=SHIPPED / "target",
                    help="Qwen3 checkpoint folder with tokenizer.json and a chat template (default: models/target)")
-    p.add_argument("--draft-model", type=Path, metavar="DIR", help="draft checkpoint for proposer=draft (default: "
-                   "models/draft when --model is models/target; otherwise the draft model is left out)")
-    p.add_argument("--dflash-model", type=Path, metavar="DIR", help="DFlash drafter for proposer=dflash (default: "
-                   "models/dflash when --model is models/target and it is there; otherwise DFlash is left out)")
-    p.add_argument("--k", action="append", default=[], metavar="PROPOSER=K[,K...]",
-                   help="spec_k of one proposer, e.g. dflash=15, or several to compare, e.g. ngram=3,7,15 "
-                   "(default: the config's); repeatable")
-    p.add_argument("--sampled", type=float, metavar="T", help="sample at temperature T (p/q verification) "
-                   "instead of greedy decoding")
-    p.add_argument("--sampled-drafts", action="store_true", help="with --sampled: the draft and DFlash "
-                   "proposers sample their drafts too (options.<name>.greedy=false)")
+    p.add_argument("--draft-model", type=Path, metavar="DIR", help="draft checkpoint for proposer=draft")
+    p.add_argument("--dflash-model", type=Path, metavar="DIR", help="DFlash drafter for proposer=dflash")
+    p.add_argument("--k", action="append", default=[], type=ks, metavar="PROPOSER=K[,K...]",
+                   help="spec_k of one proposer, or several to compare (default: the config's); repeatable")
+    p.add_argument("--sampled", type=float, metavar="T", help="sample at temperature T (p/q verification)")
+    p.add_argument("--sampled-drafts", action="store_true", help="with --sampled: the draft and DFlash proposers "
+                   "sample their drafts too (options.<name>.greedy=false)")
     p.add_argument("--max-tokens", type=int, metavar="N", default=prompts_mod.DEFAULT_MAX_TOKENS,
                    help="prompt length bound in tokens, chat template included (default: %(default)s)")
     p.add_argument("--new-tokens", type=int, metavar="N", default=256,
-                   help="at most this many new tokens per generation; an EOS stops it earlier (default: %(default)s)")
+                   help="at most this many new tokens per generation (default: %(default)s)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: %(default)s")
     p.add_argument("--config", action="append", default=[], metavar="NAME_OR_FILE",
                    help="a shipped config (e.g. eager, reference) or YAML file over configs/default.yaml; repeatable")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. cuda_graphs=true or spec_k=5; repeatable (proposer is set by the script)")
-    p.add_argument("--repeats", type=int, metavar="N", default=1, help="timed runs per prompt and proposer; tok/s and prefill "
-                   "ms are their medians (default: %(default)s)")
-    p.add_argument("--commit", help="commit to record (default: git rev-parse of this checkout; give it where the "
-                   "checkout is a copy without its history, as on the GPU machine)")
-    p.add_argument("--out", type=Path, metavar="FILE.json", help="JSON file to write (default: bench/results/<device name>/"
-                   "speculative_<model folder name>.json)")
-    args = p.parse_args(argv)
+                   help="config override, e.g. spec_k=5; repeatable (proposer is set here)")
+    p.add_argument("--repeats", type=int, metavar="N", default=1, help="timed runs per prompt and proposer; tok/s "
+                   "and prefill ms are their medians (default: %(default)s)")
+    records.arguments(p)
+
+
+def check(args) -> str | None:
     if not (args.model / "config.json").is_file():
-        p.error(f"{args.model} holds no config.json (models/target is built by models/make_all.py; pass --model DIR)")
-    shipped = args.model.resolve() == (ROOT / "models" / "target").resolve()
-    if args.draft_model is None and shipped:
-        args.draft_model = ROOT / "models" / "draft"
-    if args.dflash_model is None and shipped and (ROOT / "models" / "dflash" / "config.json").is_file():
-        args.dflash_model = ROOT / "models" / "dflash"
-    try:
-        args.k = {name: [int(k) for k in ks.split(",")] for name, ks in (item.split("=", 1) for item in args.k)}
-    except ValueError:
-        p.error(f"--k takes PROPOSER=K[,K...], got {args.k}")
-    if set(args.k) - set(PROPOSERS[1:]) or any(k < 1 for ks in args.k.values() for k in ks):
-        p.error(f"--k: proposers are {', '.join(PROPOSERS[1:])}, and K >= 1")
+        return f"{args.model} holds no config.json (pass --model DIR)"
     if args.sampled_drafts and not args.sampled:
-        p.error("--sampled-drafts needs --sampled T")
+        return "--sampled-drafts needs --sampled T"
     if args.sampled is not None and not args.sampled > 0:
-        p.error("--sampled T needs T > 0 (greedy is the default)")
+        return "--sampled T needs T > 0 (greedy is the default)"
     if args.max_tokens < 1 or args.new_tokens < 1 or args.repeats < 1:
-        p.error("--max-tokens, --new-tokens and --repeats must be >= 1")
-    return args
-
-
-def environment(device: torch.device, commit: str | None = None) -> dict:
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else (platform.processor() or "cpu")
-    return {"device": device.type, "device_name": name, "torch": torch.__version__, "triton": triton_version(),
-            "commit": commit or git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        return "--max-tokens, --new-tokens and --repeats must be >= 1"
+    return None
 
 
 def run(engine, ids: list[int], new_tokens: int, repeats: int) -> dict:
@@ -126,159 +112,119 @@ def run(engine, ids: list[int], new_tokens: int, repeats: int) -> dict:
             "decode_tok_s": statistics.median(r.stats.decode_tok_s for r in runs),
             "prefill_ms": statistics.median(r.stats.prefill_ms for r in runs),
             "decode_tok_s_runs": [r.stats.decode_tok_s for r in runs], "finish_reason": s.finish_reason,
-            "decode_loop": s.decode_loop,
-            "token_ids": runs[0].token_ids, "text": runs[0].text}
+            "decode_loop": s.decode_loop, "token_ids": runs[0].token_ids}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
-def fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def spec_proposers(rows: list[dict]) -> list[str]:
-    """The speculative rows' labels: a proposer's name, or ``name@k`` for each k of a sweep."""
-    return [label for label, value in rows[0].items()
-            if isinstance(value, dict) and "decode_tok_s" in value and label != "none"] if rows else []
-
-
-def best_k(summary: dict, labels: list[str]) -> dict:
-    """Per task and proposer, the label (and its k) of the highest mean tok/s."""
-    best: dict = {}
-    for task, m in summary.items():
-        for label in labels:
-            name = label.split("@")[0]
-            mine = best.setdefault(task, {}).get(name)
-            if m[f"{label}_tok_s"] is not None and (mine is None or m[f"{label}_tok_s"] > mine["tok_s"]):
-                best[task][name] = {"label": label, "k": int(label.split("@")[1]) if "@" in label else None,
-                                    "tok_s": m[f"{label}_tok_s"], "speedup": m[f"{label}_speedup"],
-                                    "tokens_per_step": m[f"{label}_tokens_per_step"]}
-    return best
-
-
-def decode_loops(rows: list[dict]) -> dict:
-    """Per row label, the loops its generations ran (``GenerationStats.decode_loop``: on CUDA with the
-    default config, ``speculative-device`` for a proposer that drafts on the device)."""
-    labels = ["none", *spec_proposers(rows)]
-    return {label: sorted({r[label]["decode_loop"] for r in rows}) for label in labels} if rows else {}
-
-
-def table(rows: list[dict]) -> str:
-    names = spec_proposers(rows)
-    head = ("task", "file", "prompt", "new", "plain tok/s",
-            *(f"{p} {c}" for p in names for c in ("tok/s", "speedup", "tok/step", "acceptance")))
-    lines = [head]
-    for r in rows:
-        lines.append((r["task"], r["file"], str(r["prompt_tokens"]), str(r["none"]["new_tokens"]),
-                      fmt(r["none"]["decode_tok_s"], ".1f"),
-                      *(x for p in names for x in (fmt(r[p]["decode_tok_s"], ".1f"), fmt(r[p]["speedup"], ".2f"),
-                                                   fmt(r[p]["tokens_per_step"], ".2f"), fmt(r[p]["acceptance"], ".0%")))))
-    for task, m in summarize(rows).items():
-        lines.append((task, "mean", "", "", fmt(m["plain_tok_s"], ".1f"),
-                      *(x for p in names for x in (fmt(m[f"{p}_tok_s"], ".1f"), fmt(m[f"{p}_speedup"], ".2f"),
-                                                   fmt(m[f"{p}_tokens_per_step"], ".2f"), fmt(m[f"{p}_acceptance"], ".0%")))))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-                     for line in lines)
-
-
-def ngram_label(rows: list[dict]) -> str:
-    """The n-gram row (the first of a sweep): the records' top-level ``speedup``/``acceptance``."""
-    return next(label for label in spec_proposers(rows) if label.split("@")[0] == "ngram")
-
-
-def summarize(rows: list[dict]) -> dict:
-    def mean(values):
-        values = [v for v in values if v is not None]
-        return statistics.fmean(values) if values else None
-
+def engines(args, device: torch.device) -> dict:
+    """label -> engine: ``none``, then each proposer (``name@k`` for each k of a sweep)."""
+    shipped = args.model.resolve() == (SHIPPED / "target").resolve()
+    folders = {name: given or (SHIPPED / name if shipped and (SHIPPED / name / "config.json").is_file() else None)
+               for name, given in (("draft", args.draft_model), ("dflash", args.dflash_model))}
+    k_values = dict(args.k)
     out = {}
-    for task in dict.fromkeys(r["task"] for r in rows):
-        mine = [r for r in rows if r["task"] == task]
-        out[task] = {"plain_tok_s": mean(r["none"]["decode_tok_s"] for r in mine),
-                     # n-gram's under the names of the two-proposer records
-                     "speedup": mean(r["speedup"] for r in mine),
-                     "acceptance": mean(r[ngram_label(rows)]["acceptance"] for r in mine)}
-        for p in spec_proposers(rows):
-            out[task].update({f"{p}_tok_s": mean(r[p]["decode_tok_s"] for r in mine),
-                              f"{p}_speedup": mean(r[p]["speedup"] for r in mine),
-                              f"{p}_tokens_per_step": mean(r[p]["tokens_per_step"] for r in mine),
-                              f"{p}_acceptance": mean(r[p]["acceptance"] for r in mine)})
+    for p in PROPOSERS:
+        if p in folders and not folders[p]:
+            continue
+        for k in k_values.get(p, [None]):
+            keys = [f"proposer={p}", *([f"options.{p}.model={folders[p]}"] if p in folders else []),
+                    *([f"spec_k={k}"] if k else []), *([f"temperature={args.sampled}"] if args.sampled else []),
+                    *([f"options.{p}.greedy=false"] if args.sampled_drafts and p in folders else [])]
+            label = f"{p}@{k}" if len(k_values.get(p, [])) > 1 else p
+            out[label] = tileinfer.Engine.from_config(
+                *args.config, overrides=["temperature=0", "repetition_penalty=1.0", *args.override, *keys],
+                model=str(args.model), device=device.type, progress=False)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
+def main(args) -> int:
+    if reason := check(args):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if args.device == "cuda" or args.device == "auto" and torch.cuda.is_available()
                           else "cpu")
     try:
-        folders = {"draft": args.draft_model, "dflash": args.dflash_model}
-        extra = {p: [f"options.{p}.model={folder}"] for p, folder in folders.items() if folder}
-        labels = {}  # label -> (proposer, its overrides)
-        for p in PROPOSERS:
-            if p in folders and not folders[p]:
-                continue
-            ks = args.k.get(p, [None])
-            for k in ks:
-                label = f"{p}@{k}" if len(ks) > 1 else p
-                labels[label] = (p, extra.get(p, []) + ([f"spec_k={k}"] if k else []))
-        sampling = [f"temperature={args.sampled}"] if args.sampled else []
-        if args.sampled and args.sampled_drafts:
-            for label, (p, keys) in labels.items():
-                if p in folders:
-                    keys.append(f"options.{p}.greedy=false")
-        engines = {label: tileinfer.Engine.from_config(*args.config, overrides=["temperature=0", "repetition_penalty=1.0",
-                                                                           *args.override, *sampling, f"proposer={p}",
-                                                                           *keys],
-                                                       model=str(args.model), device=device.type, progress=False)
-                   for label, (p, keys) in labels.items()}
+        built = engines(args, device)
         bench = prompts_mod.benchmark_prompts(Tokenizer.from_folder(args.model), args.max_tokens)
     except TileinferError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
-    rows = []
+    log = records.Run(device, commit=args.commit, path=args.records)
+    setting = {"model": args.model.resolve().name, "mode": f"sampled {args.sampled}" if args.sampled else "greedy",
+               "sampled_drafts": args.sampled_drafts, "max_new_tokens": args.new_tokens, "repeats": args.repeats,
+               "config": [*args.config, *args.override]}
+    failures = []
     for prompt in tqdm(bench, desc="prompts", unit="prompt"):
-        row = {"task": prompt.task, "file": prompt.name, "prompt_tokens": len(prompt.token_ids)}
-        row.update({p: run(engine, prompt.token_ids, args.new_tokens, args.repeats) for p, engine in engines.items()})
-        plain_s = row["none"]["decode_tok_s"]
-        for p in engines:
-            if p != "none":
-                row[p]["first_difference"] = first_difference(row["none"]["token_ids"], row[p]["token_ids"])
-                row[p]["speedup"] = row[p]["decode_tok_s"] / plain_s if plain_s else None
-        differences = [row[p]["first_difference"] for p in engines if p != "none" and not args.sampled]
-        row["first_difference"] = min((d for d in differences if d is not None), default=None)
-        row["match"] = row["first_difference"] is None
-        row["speedup"] = row[ngram_label([row])]["speedup"]
-        rows.append(row)
-    failures = [f"{r['task']} {r['file']}: {p} tokens differ from plain greedy from new token "
-                f"{r[p]['first_difference']} on" for r in rows for p in engines
-                if p != "none" and r[p]["first_difference"] is not None and not args.sampled]
-    env = environment(device, args.commit)
-    result = {**env, "model": str(args.model), "args": {k: str(v) if isinstance(v, Path) else v
-                                                        for k, v in vars(args).items()},
-              "config": {p: dataclasses.asdict(e.config) for p, e in engines.items()},
-              "summary": summarize(rows), "best": best_k(summarize(rows), spec_proposers(rows)),
-              "decode_loops": decode_loops(rows),
-              "failures": failures, "prompts": rows}
-    out = args.out or ROOT / "bench" / "results" / env["device_name"].replace(" ", "-") / \
-        f"speculative_{args.model.resolve().name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{env['device_name']}, {args.model}, config {' + '.join(args.config) or 'default'}"
-          f"{' ' + ' '.join(args.override) if args.override else ''}, up to {args.new_tokens} new tokens, "
-          f"{f'sampled at temperature {args.sampled} (p/q)' if args.sampled else 'greedy'}")
-    print(table(rows))
-    print("loops: " + ", ".join(f"{label} {'/'.join(loops)}" for label, loops in result["decode_loops"].items()))
-    for task, best in result["best"].items():
-        print(f"best k, {task}: " + ", ".join(f"{p} {b['label']} {b['tok_s']:.1f} tok/s (x{b['speedup']:.2f}, "
-                                                f"{b['tokens_per_step']:.2f} tok/step)" for p, b in best.items()))
-    print(f"wrote {out}")
+        done = {label: run(engine, prompt.token_ids, args.new_tokens, args.repeats) for label, engine in built.items()}
+        plain = done["none"]
+        for label, figures in done.items():
+            diff = None if args.sampled else first_difference(plain["token_ids"], figures["token_ids"])
+            speedup = figures["decode_tok_s"] / plain["decode_tok_s"] if plain["decode_tok_s"] else None
+            log.add("speculative", **setting, task=prompt.task, file=prompt.name,
+                    prompt_tokens=len(prompt.token_ids), label=label, proposer=built[label].config.proposer,
+                    spec_k=built[label].config.spec_k, **{k: figures[k] for k in FIGURES},
+                    speedup=None if label == "none" else speedup, first_difference=diff)
+            if diff is not None:
+                failures.append(f"{prompt.task} {prompt.name}: {label} tokens differ from plain greedy from new "
+                                f"token {diff} on")
+    print(f"{device.type}, {args.model}, {setting['mode']}, up to {args.new_tokens} new tokens")
+    print(summary_table(log.records))
+    print(f"appended {len(log.records)} records to {log.path}")
     for failure in failures:
         print(f"FAILURE: {failure}", file=sys.stderr)
     return 1 if failures else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def summary_table(rows: list[dict]) -> str:
+    """Per task and proposer: mean tok/s, speedup over plain decoding, tokens per step, acceptance,
+    the loops that ran; the best k of each proposer marked with *."""
+    from .report import markdown
+
+    def mean(values) -> float | None:
+        values = [v for v in values if v is not None]
+        return statistics.fmean(values) if values else None
+
+    def fmt(v, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    body = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        labels = list(dict.fromkeys(r["label"] for r in mine))
+        tok_s = {label: mean(r["decode_tok_s"] for r in mine if r["label"] == label) for label in labels}
+        best = {}
+        for label in labels:
+            p = label.split("@")[0]
+            if tok_s[label] is not None and (p not in best or tok_s[label] > tok_s[best[p]]):
+                best[p] = label
+        for label in labels:
+            of = [r for r in mine if r["label"] == label]
+            star = "*" if "@" in label and best.get(label.split("@")[0]) == label else ""
+            body.append([task, label + star, fmt(tok_s[label], ".1f"), fmt(mean(r["speedup"] for r in of), ".2f"),
+                         fmt(mean(r["tokens_per_step"] for r in of), ".2f"),
+                         fmt(mean(r["acceptance"] for r in of), ".0%"),
+                         "/".join(sorted({r["decode_loop"] for r in of}))])
+    return markdown(["task", "proposer", "tok/s", "speedup", "tok/step", "acceptance", "loop"], body)
+
+
+def tables() -> list:
+    from .report import Table
+
+    def missing(rows: list[dict], group: str) -> list[str]:  # every prompt of each proposer of the newest run
+        last = [r for r in rows if r["date"] == max(r["date"] for r in rows)]
+        have = {(r["task"], r["file"], r["label"]) for r in last}
+        return [f"{label}/{task}/{file}" for task, file in sorted({(r["task"], r["file"]) for r in last})
+                for label in sorted({r["label"] for r in last}) if (task, file, label) not in have]
+
+    def render(rows: list[dict]) -> str:
+        newest = [r for r in rows if r["date"] == max(r["date"] for r in rows)]
+        first = newest[0]
+        return (f"{len({r['file'] for r in newest})} files x {len({r['task'] for r in newest})} tasks, up to "
+                f"{first['max_new_tokens']} new tokens, config {' '.join(first['config']) or 'default'}; means over "
+                f"the prompts (* the best k of a sweep).\n\n" + summary_table(newest))
+
+    return [Table("speculative", "speculative decoding, {group}", render,
+                  group=lambda r: f"{r['model']}, {r['mode']}", missing=missing)]

@@ -1,5 +1,5 @@
 """The one timing harness of bench/: medians after a warm-up, CUDA events on a GPU, the wall clock
-on a CPU.
+on a CPU; and the machine's limits, measured in the same run as the figures they bound.
 
 - ``median_seconds(fn, device)``: ``fn()`` timed ``repeats`` times after ``warmup`` calls; on a GPU
   each call is bracketed by CUDA events (the device time of what ``fn`` enqueues, host overhead
@@ -9,6 +9,10 @@ on a CPU.
 - ``repeat(sample, seconds)``: a sampler that returns its own figure (tok/s, ms), called until a
   time budget is spent (at least once): for whole generations, which time themselves.
 - ``host_seconds(fn)``: the host's wall time per call of ``fn`` (launch overhead), synchronized.
+- ``measure_limits(device)``: the copy bandwidth (``dst.copy_(src)`` of a large buffer, bytes read +
+  written over the median time) and the matmul peak (a square matmul of random data in the dtype the
+  engine runs there: BF16 8192^3 on a GPU, float32 512^3 on a CPU, whose BF16 matmul is far slower
+  than the float32 path it bounds; ``2 n^3`` FLOPs over the median time).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -86,4 +91,39 @@ def repeat(sample: Callable[[], float], seconds: float) -> list[float]:
     return samples
 
 
-__all__ = ["capture_graph", "graph_seconds", "host_seconds", "median_seconds", "repeat"]
+@dataclass
+class Limits:
+    copy_bandwidth: float  # bytes/s, read + written
+    matmul_peak: float  # FLOP/s, BF16 on a GPU, float32 on a CPU
+
+    def figures(self) -> dict:
+        """As a record's fields: ``copy_bandwidth_tb_s``, ``matmul_peak_tflops``."""
+        return {"copy_bandwidth_tb_s": self.copy_bandwidth / 1e12, "matmul_peak_tflops": self.matmul_peak / 1e12}
+
+
+def copy_bandwidth(device: torch.device, mib: int | None = None, repeats: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second (median)."""
+    mib = mib or (2048 if device.type == "cuda" else 64)
+    src = torch.randn(mib * 2**19, dtype=torch.bfloat16, device=device)  # 2 bytes each
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def matmul_peak(device: torch.device, n: int | None = None, repeats: int = 20) -> float:
+    """FLOP/s of an ``n x n x n`` matmul of random data (median): BF16 on a GPU, float32 on a CPU."""
+    n = n or (8192 if device.type == "cuda" else 512)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    out = torch.empty(n, n, dtype=dtype, device=device)
+    seconds = median_seconds(lambda: torch.matmul(a, b, out=out), device, repeats if device.type == "cuda" else 5)
+    return 2.0 * n**3 / seconds
+
+
+def measure_limits(device: torch.device) -> Limits:
+    """Both limits on ``device``; the buffers are freed before returning."""
+    limits = Limits(copy_bandwidth(device), matmul_peak(device))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return limits

@@ -5,7 +5,7 @@
 - ``prefill8192``, ``prefill32768``: the same (time to first token) for 8,192- and 32,768-token
   prompts, in chunks of ``prefill_chunk``; not in the default matrix (``NAMES``, what a run takes
   unless told otherwise; ``ALL_NAMES`` holds every name). Like every prefill row, also given as
-  TFLOP/s and a fraction of the measured matmul peak (bench/roofline.py: ``2 x`` the layers'
+  TFLOP/s and a fraction of the measured matmul peak (bench/shapes.py: ``2 x`` the layers'
   parameters ``x`` tokens, the lm_head for the last token, causal attention);
 - ``decode128_ctxN``: 128 greedy tokens after an ``N``-token random prompt (``N`` cached
   positions): ``engine.generate(...).stats.decode_tok_s``, tokens after the first over the time
@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 import tileinfer
-from timing import repeat
+
+from .timing import repeat
 
 
 @dataclass(frozen=True)

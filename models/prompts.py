@@ -200,3 +200,15 @@ def benchmark_prompts(tokenizer, max_tokens: int = DEFAULT_MAX_TOKENS, folder: P
         prompts.append(edit_prompt(source, old, new, tokenizer, max_tokens, name=file))
         prompts.append(continuation_prompt(source, tokenizer, max_tokens, name=file))
     return prompts
+
+
+def def_lines(limit: int, exclude: str = "def fibonacci(n):", folder: Path = HELDOUT_DIR) -> list[str]:
+    """Short raw prompts: the distinct ``def`` lines of the benchmark's held-out files, dedented, in
+    file order, without ``exclude`` (the README's prompt); at most ``limit``."""
+    seen: list[str] = []
+    for name in sorted({b[0] for b in BENCHMARK}):
+        for line in (folder / name).read_text().splitlines():
+            m = re.match(r"\s*(def \w+\(.*\):)\s*$", line)
+            if m and m.group(1) not in seen and m.group(1) != exclude:
+                seen.append(m.group(1))
+    return seen[:limit]

@@ -1,10 +1,10 @@
-"""Paged attention (backends/triton/paged_attention.py) at Qwen3-4B's attention shape (32 q heads, 8 kv heads, D 128, page 64, bf16), on one GPU.
+"""Paged attention (backends/triton/paged_attention.py) at Qwen3-4B's attention shape, on one GPU.
 
-    python bench/kernels/paged_attention.py [--kv bf16,int8] [--contexts 1024,8192,32768]
-        [--int8-tiles 32,64] [--int8-prefetch] [--repeats N] [--peak-tflops F] [--out DIR]
+    python -m bench kernels paged_attention [--kv bf16,int8] [--contexts 1024,8192,32768]
+        [--int8-tiles 32,64] [--int8-prefetch] [--repeats N] [--peak-tflops F]
 
-The lead's INT8 KV figure (decode attention at 32k with int8 against bf16 pages, bandwidth counted
-on the int8 bytes): ``python bench/kernels/paged_attention.py --contexts 32768 --out DIR``.
+The shape: 32 q heads, 8 kv heads, D 128, page 64, bf16 q. The INT8 KV figure (decode attention at
+32k with int8 against bf16 pages, bandwidth counted on the int8 bytes): ``--contexts 32768``.
 
 Times, with bench/timing.py (median of CUDA-graph replays, so that the figures are device time and
 not Python's launch overhead), for each page format of --kv (bf16 pages; int8 pages with a float32
@@ -25,22 +25,18 @@ scale per cached vector and keys smoothed, ``kv_store=paged_int8``):
 Every case is first checked against the reference twin (backends/reference/paged_attention.py, the
 same int8 pages and scales); the max error is printed. ``host_us`` is the wall time per call of
 back-to-back launches (what a step costs without CUDA graphs). The timing floor (a decode over 65
-keys) is printed too. With --out DIR the record goes to DIR/paged_attention.json.
+keys) is printed too. Records: kind ``attention``, ``phase`` decode or prefill.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import op_benchmark  # noqa: E402
-from limits import copy_bandwidth  # noqa: E402  (bench/, on the path through op_benchmark)
-from timing import graph_seconds, host_seconds  # noqa: E402
+from .. import records
+from ..timing import copy_bandwidth, graph_seconds, host_seconds
+from . import gpu_visible, integers, names
 
 SHAPE = dict(heads=32, kv_heads=8, head_dim=128, page_size=64)  # Qwen3-4B
 CONTEXTS = (1024, 8192, 32768)
@@ -50,27 +46,20 @@ PREFILL = ((1024, 0), (1024, 4096))  # (T, start): a prompt, and a chunk after a
 KV_FORMATS = ("bf16", "int8")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="folder for paged_attention.json (default: print only)")
-    parser.add_argument("--repeats", type=int, default=50, help="timed graph replays per case (median; default 50)")
-    parser.add_argument("--peak-tflops", type=float, default=800.0,
-                        help="bf16 dense matmul peak for the prefill's fraction (default 800)")
-    parser.add_argument("--kv", default=",".join(KV_FORMATS), help="page formats: bf16, int8 (default both)")
-    parser.add_argument("--contexts", default=",".join(map(str, CONTEXTS)),
-                        help="cached positions of the decode cases (default 1024,8192,32768)")
-    parser.add_argument("--int8-prefetch", action="store_true",
-                        help="time the int8 decode with and without its tiles loaded one ahead (INT8_PREFETCH)")
-    parser.add_argument("--int8-tiles", default="", help="key tiles (BLOCK_N) to time the int8 kernels with, "
-                        "e.g. 32,64 (default: the kernels' own)")
-    args = parser.parse_args(argv)
-    args.kv = [f for f in args.kv.split(",") if f]
-    if any(f not in KV_FORMATS for f in args.kv):
-        parser.error(f"--kv takes {', '.join(KV_FORMATS)}, got {','.join(args.kv)}")
-    args.contexts = [int(c) for c in args.contexts.split(",") if c]
-    args.int8_tiles = [int(b) for b in args.int8_tiles.split(",") if b]
-    args.prefetch = [False, True] if args.int8_prefetch else [None]
-    return args
+def arguments(p) -> None:
+    p.description = __doc__.split("\n\n")[0]
+    p.epilog = __doc__.split("\n\n", 1)[1]
+    p.add_argument("--repeats", type=int, default=50, help="timed graph replays per case (median; default 50)")
+    p.add_argument("--peak-tflops", type=float, default=800.0,
+                   help="bf16 dense matmul peak for the prefill's fraction (default 800)")
+    p.add_argument("--kv", type=names, default=list(KV_FORMATS), help="page formats: bf16, int8 (default both)")
+    p.add_argument("--contexts", type=integers, default=list(CONTEXTS),
+                   help="cached positions of the decode cases (default 1024,8192,32768)")
+    p.add_argument("--int8-prefetch", action="store_true",
+                   help="time the int8 decode with and without its tiles loaded one ahead (INT8_PREFETCH)")
+    p.add_argument("--int8-tiles", type=integers, default=[], help="key tiles (BLOCK_N) to time the int8 kernels "
+                   "with, e.g. 32,64 (default: the kernels' own)")
+    records.arguments(p)
 
 
 def kv_bytes(length: int, kv: str) -> int:
@@ -249,18 +238,20 @@ def speedups(decode: list[dict]) -> list[dict]:
     for r in decode:
         base = bf16.get((r["context"], r["new_tokens"]))
         if r["kv"] == "int8" and r["default_splits"] and base is not None:
-            out.append(dict(context=r["context"], new_tokens=r["new_tokens"], block_n=r["block_n"], prefetch=r["prefetch"],
+            out.append(dict(context=r["context"], new_tokens=r["new_tokens"], block_n=r["block_n"],
+                            prefetch=r["prefetch"],
                             bf16_us=base["kernel_us"], int8_us=r["kernel_us"],
                             speedup=base["kernel_us"] / r["kernel_us"], int8_fraction_of_copy=r["fraction_of_copy"]))
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if not op_benchmark.gpu_visible("paged_attention.py"):
+def main(args) -> int:
+    if not gpu_visible("paged_attention"):
         return 2
-    import triton
-
+    if any(f not in KV_FORMATS for f in args.kv):
+        print(f"error: --kv takes {', '.join(KV_FORMATS)}, got {','.join(args.kv)}")
+        return 2
+    args.prefetch = [False, True] if args.int8_prefetch else [None]
     from tileinfer.backends.triton.paged_attention import paged_decode_attention
 
     def bench(fn) -> float:
@@ -270,40 +261,51 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = copy_bandwidth(torch.device("cuda"))
     h, hkv, d = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"]
     scale = d ** -0.5
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}")
-    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)")
-    print(f"shape: {h} q heads, {hkv} kv heads, head_dim {d}, page {SHAPE['page_size']}, q bf16; pages: "
-          f"{', '.join(args.kv)}")
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write); shape: {h} q heads, {hkv} kv heads, head_dim "
+          f"{d}, page {SHAPE['page_size']}, q bf16; pages: {', '.join(args.kv)}")
     q, k_pages, v_pages, bt, _, _, _ = make_cache(65, 1, seed=1)
     positions = torch.tensor([64], device="cuda")  # made outside the graph, as a captured step's are
     floor_s = bench(lambda: paged_decode_attention(q, k_pages, v_pages, bt, 64, scale, positions=positions,
                                                    num_splits=2))
     print(f"timing floor (decode over 65 keys, 2 splits, graph replay): {floor_s * 1e6:.1f} us")
-
-    decode, prefill = [], []
     print("\ndecode: kv tile context  T  splits |  kernel us  host us | KV GB/s  of copy bw | sdpa us | max err")
-    for kv in args.kv:
-        decode += decode_rows(args, kv, bench, bandwidth, scale)
+    decode = [row for kv in args.kv for row in decode_rows(args, kv, bench, bandwidth, scale)]
     print("        (* = decode_splits default; KV bytes as stored: int8 counts 1 byte + a 4-byte scale per vector)")
-    ratios = speedups(decode)
-    for r in ratios:
+    for r in speedups(decode):
         print(f"int8/bf16 decode, context {r['context']}, T {r['new_tokens']}, tile {r['block_n']}"
-              f"{', prefetch' if r['prefetch'] else ''}: "
-              f"{r['bf16_us']:.1f} -> {r['int8_us']:.1f} us ({r['speedup']:.2f}x), "
-              f"{r['int8_fraction_of_copy']:.1%} of the copy bandwidth on the int8 bytes")
-
+              f"{', prefetch' if r['prefetch'] else ''}: {r['bf16_us']:.1f} -> {r['int8_us']:.1f} us "
+              f"({r['speedup']:.2f}x), {r['int8_fraction_of_copy']:.1%} of the copy bandwidth on the int8 bytes")
     print("\nprefill: kv tile    T  start |  kernel us  TFLOP/s  of peak | sdpa us  TFLOP/s | max err")
-    for kv in args.kv:
-        prefill += prefill_rows(args, kv, bench, scale)
-
-    elapsed = time.perf_counter() - t_start
-    print(f"\n{elapsed:.0f} s")
-    op_benchmark.write_record(args.out, "paged_attention", dict(
-        shape=SHAPE, dtype="bfloat16", kv_formats=args.kv, copy_bandwidth_tb_s=bandwidth / 1e12,
-        timing_floor_us=floor_s * 1e6, peak_tflops=args.peak_tflops, decode=decode, int8_speedups=ratios,
-        prefill=prefill, elapsed_s=elapsed))
+    prefill = [row for kv in args.kv for row in prefill_rows(args, kv, bench, scale)]
+    run = records.Run("cuda", commit=args.commit, path=args.records)
+    common = dict(shape="Qwen3-4B", copy_bandwidth_tb_s=bandwidth / 1e12, timing_floor_us=floor_s * 1e6)
+    for phase, rows in (("decode", decode), ("prefill", prefill)):
+        for row in rows:
+            run.add("attention", phase=phase, **common, **row)
+    print(f"\n{time.perf_counter() - t_start:.0f} s; appended {len(run.records)} records to {run.path}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def tables() -> list:
+    from ..report import Table, markdown
+
+    def decode(rows: list[dict]) -> str:
+        chosen = sorted((r for r in rows if r["default_splits"]), key=lambda r: (r["kv"], r["context"], r["new_tokens"],
+                                                                               r["block_n"], str(r["prefetch"])))
+        body = [[r["kv"], str(r["block_n"]) + (" prefetch" if r["prefetch"] else ""), str(r["context"]),
+                 str(r["new_tokens"]), str(r["num_splits"]), f"{r['kernel_us']:.1f}", f"{r['kv_gb_s']:.0f}",
+                 f"{r['fraction_of_copy']:.1%}", "-" if r["sdpa_us"] is None else f"{r['sdpa_us']:.1f}"]
+                for r in chosen]
+        return "At the default splits.\n\n" + markdown(["pages", "key tile", "context", "T", "splits", "us",
+                                                        "KV GB/s", "of copy bandwidth", "SDPA us (dense bf16)"], body)
+
+    def prefill(rows: list[dict]) -> str:
+        body = [[r["kv"], str(r["block_n"]), str(r["new_tokens"]), str(r["start"]), f"{r['kernel_us']:.1f}",
+                 f"{r['tflops']:.0f}", f"{r['sdpa_us']:.1f}", f"{r['sdpa_tflops']:.0f}"]
+                for r in sorted(rows, key=lambda r: (r["kv"], r["start"], r["block_n"]))]
+        return markdown(["pages", "key tile", "T", "after", "us", "TFLOP/s", "SDPA us", "SDPA TFLOP/s"], body)
+
+    return [Table("attention", "{group}: paged decode attention", decode, group=lambda r: r["shape"],
+                  select=lambda r: r["phase"] == "decode"),
+            Table("attention", "{group}: paged prefill attention", prefill, group=lambda r: r["shape"],
+                  select=lambda r: r["phase"] == "prefill")]

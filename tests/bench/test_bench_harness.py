@@ -1,30 +1,15 @@
-"""The benchmark harness without an engine run: bench/run.py's refusals and failure lines, the
-warm-up rule of bench/workloads.py, bench/timing.py on a CPU."""
+"""The benchmark harness without an engine run: the matrix's failure lines, the warm-up rule of
+bench/workloads.py, bench/timing.py on a CPU, the rooflines of bench/shapes.py, the command line."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import peers  # noqa: E402
-import run  # noqa: E402
-import timing  # noqa: E402
-from workloads import WARMUP_TOKENS, EngineRunner, Workload, measure, workloads  # noqa: E402
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU refusal")
-def test_run_py_refuses_a_qwen3_shape_on_a_cpu_before_writing_anything(tmp_path, capsys):
-    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
-    status = run.main(["--shape", "tiny", "--shape", "Qwen3-4B", "--checkpoints", str(ckpt), "--out", str(out)])
-    assert status == 2
-    assert capsys.readouterr().err == ("error: shape Qwen3-4B needs a CUDA GPU (8.0 GB of weights); "
-                                       "on a CPU use --shape tiny\n")
-    assert not ckpt.exists() and not out.exists()
+from bench import matrix, peers, shapes, timing
+from bench.__main__ import COMMANDS, main as bench
+from bench.workloads import ALL_NAMES, NAMES, TTFT_NAMES, WARMUP_TOKENS, EngineRunner, Measurement, Workload
+from bench.workloads import measure, workloads
 
 
 def test_a_failed_row_says_why_in_one_line():
@@ -36,11 +21,11 @@ def test_a_failed_row_says_why_in_one_line():
         allocate()
     except torch.OutOfMemoryError as exc:
         line = allocate.__code__.co_firstlineno + 1
-        assert run.failure(exc) == f"out of memory, tried to allocate 128.00 GiB (at test_bench_harness.py:{line})"
+        assert matrix.failure(exc) == f"out of memory, tried to allocate 128.00 GiB (at test_bench_harness.py:{line})"
     try:
         {}["x"]
     except KeyError as exc:
-        assert run.failure(exc).startswith("KeyError: 'x' (at test_bench_harness.py:")
+        assert matrix.failure(exc).startswith("KeyError: 'x' (at test_bench_harness.py:")
 
 
 def test_warm_up_runs_the_whole_workload_for_a_peer_and_eight_tokens_for_the_engine():
@@ -66,74 +51,58 @@ def test_timing_on_a_cpu():
     assert len(calls) == 7 and 0 <= seconds < 1
     assert timing.repeat(lambda: 1.0, 0) == [1.0]  # at least once
     assert timing.host_seconds(lambda: None, calls=3) >= 0
+    limits = timing.Limits(copy_bandwidth=4.2e12, matmul_peak=7.8e14).figures()
+    assert limits == {"copy_bandwidth_tb_s": pytest.approx(4.2), "matmul_peak_tflops": pytest.approx(780.0)}
 
 
-def gpu_matrix_parts() -> dict[str, tuple[str, list[str], list[str]]]:
-    """``bash bench/gpu_matrix.sh --list``: part -> (shape, names, workloads; [] for all four)."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
-    listed = subprocess.run(["bash", "bench/gpu_matrix.sh", "--list"], cwd=root, capture_output=True, text=True,
-                            check=True).stdout.splitlines()
-    parts = {}
-    for line in listed:
-        rows, _, chosen = line.partition(" | ")
-        part, shape, *names = rows.split()
-        parts[part] = (shape, names, chosen.split())
-    return parts
+def linear_params(s: dict) -> int:
+    """Parameters of one decoder layer's linears, counted from the shape's own fields."""
+    h, d, i = s["hidden_size"], s["head_dim"], s["intermediate_size"]
+    q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
+    return h * (q + 2 * kv) + q * h + 3 * h * i
 
 
-def test_gpu_matrix_parts_cover_every_variant_and_peer_once_per_shape():
-    from peers import PEERS
-    from variants import VARIANTS
-
-    rows: dict[str, list[str]] = {}
-    for part, (shape, (first, *names), _) in gpu_matrix_parts().items():
-        assert first == "default", part  # every part measures its baseline
-        rows.setdefault(shape, []).extend(names)
-    assert set(rows) == set(run.GPU_SHAPES)
-    for shape, names in rows.items():
-        assert sorted(names) == sorted(n for n in [*VARIANTS, *PEERS] if n != "default"), shape
+@pytest.mark.parametrize("name", sorted(shapes.SHAPES))
+def test_rooflines_count_every_weight_once_and_the_kv(name):
+    s, mc = shapes.SHAPES[name], shapes.model_config(name)
+    weights = s["num_hidden_layers"] * linear_params(s) + s["vocab_size"] * s["hidden_size"]  # the lm_head once
+    assert shapes.weight_bytes(mc) == 2 * weights
+    assert shapes.kv_bytes_per_position(mc) == 2 * 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"]
+    assert shapes.kv_bytes_per_position(mc, "int8") < shapes.kv_bytes_per_position(mc) * 0.6
+    assert shapes.weight_bytes(mc, "int8") < shapes.weight_bytes(mc) * (0.55 if name == "tiny" else 0.51)
 
 
-def test_gpu_matrix_measures_the_int8_peers_beside_our_int8_at_the_int8_targets_workloads():
-    """One part per shape holds our INT8 weights and every INT8 peer, at prefill1024 and
-    decode128_ctx1024 only (the INT8 targets), so that they are measured in the same run."""
-    from peers import INT8_PEERS
-    from workloads import NAMES
-
-    int8_parts = {shape: (names, chosen) for shape, names, chosen in gpu_matrix_parts().values() if "int8" in names}
-    assert set(int8_parts) == set(run.GPU_SHAPES)
-    for shape, (names, chosen) in int8_parts.items():
-        assert names == ["default", "int8", *INT8_PEERS], shape
-        assert chosen == ["prefill1024", "decode128_ctx1024"] and set(chosen) <= set(NAMES), shape
-    assert all(not chosen for _, names, chosen in gpu_matrix_parts().values() if "int8" not in names)
+def test_prefill_flops_of_qwen3_4b_are_the_readmes():
+    """7.44 TFLOP of GEMMs and 0.31 of causal attention for 1,024 tokens at Qwen3-4B."""
+    flops = shapes.prefill_flops(shapes.model_config("Qwen3-4B"), 1024)
+    assert round(flops["gemm"] / 1e12, 2) == 7.44 and round(flops["attention"] / 1e12, 2) == 0.31
 
 
 def test_long_prompt_ttft_workloads_are_prefills_outside_the_default_matrix():
-    """prefill8192 and prefill32768 (bench/workloads.py): one new token, timed in ms, given as
-    TFLOP/s and a fraction of the matmul peak like prefill1024; asked for by name, not run by default."""
-    import records
-    import shapes
-    from tileinfer.model_config import ModelConfig
-    from workloads import ALL_NAMES, NAMES, TTFT_NAMES, Measurement
-
+    """prefill8192 and prefill32768: one new token, timed in ms, given as TFLOP/s and a fraction of
+    the matmul peak like prefill1024; asked for by name, not run by default."""
     full, short = workloads(), workloads(short=True)
     assert set(TTFT_NAMES) <= set(full) and not set(TTFT_NAMES) & set(NAMES) and ALL_NAMES == NAMES + TTFT_NAMES
     for name, tokens in (("prefill8192", 8192), ("prefill32768", 32768)):
         w = full[name]
         assert (w.prompt_tokens, w.new_tokens, w.kind, w.unit) == (tokens, 1, "prefill", "ms")
         assert short[name].prompt_tokens == tokens // 32
-    mc = ModelConfig.from_dict({**shapes.SHAPES["Qwen3-4B"], "model_type": "qwen3",
-                                "architectures": ["Qwen3ForCausalLM"]})
-    env = {"copy_bandwidth_tb_s": 4.0, "matmul_peak_tflops": 790.0}
-    row = records.record(shape="Qwen3-4B", workload=full["prefill32768"], env=env, mc=mc,
-                         measurement=Measurement(1000.0, "ms", [1000.0]))
-    flops = 2 * 32768 * sum(o * i for o, i in shapes_of(mc)) * mc.num_layers + 2 * mc.vocab_size * mc.hidden_size \
-        + 4 * 32768**2 / 2 * mc.num_heads * mc.head_dim * mc.num_layers
+    s, mc = shapes.SHAPES["Qwen3-4B"], shapes.model_config("Qwen3-4B")
+    limits = {"copy_bandwidth_tb_s": 4.0, "matmul_peak_tflops": 790.0}
+    row = matrix.row(shape="Qwen3-4B", workload=full["prefill32768"], mc=mc, name="default", part=None, limits=limits,
+                     measurement=Measurement(1000.0, "ms", [1000.0]))
+    flops = 2 * 32768 * linear_params(s) * s["num_hidden_layers"] + 2 * s["vocab_size"] * s["hidden_size"] \
+        + 4 * 32768**2 / 2 * s["num_attention_heads"] * s["head_dim"] * s["num_hidden_layers"]
     assert row["tflops"] == pytest.approx(flops / 1e12) and row["peak_fraction"] == pytest.approx(flops / 1e12 / 790)
 
 
-def shapes_of(mc):
-    h, d, i = mc.hidden_size, mc.head_dim, mc.intermediate_size
-    return [((mc.num_heads + 2 * mc.num_kv_heads) * d, h), (h, mc.num_heads * d), (2 * i, h), (h, i)]
+def test_every_command_has_a_truthful_help(capsys):
+    """``python -m bench COMMAND --help`` of each command builds its parser (the kernels' subcommands too)."""
+    for command in COMMANDS:
+        with pytest.raises(SystemExit) as exit_:
+            bench([command, "--help"])
+        assert exit_.value.code == 0, command
+        assert f"usage: python -m bench {command}" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        bench(["no-such-command"])
+    assert exit_.value.code == 2 and "invalid choice: 'no-such-command'" in capsys.readouterr().err

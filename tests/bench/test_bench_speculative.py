@@ -1,24 +1,18 @@
-"""bench/speculative.py on a tiny random checkpoint (CPU, reference config, a few seconds): the
+"""``python -m bench spec`` on a tiny random checkpoint (CPU, reference config, a few seconds): the
 proposers (n-gram, and DFlash with a random z-lab-format drafter at its own spec_k) run on every
-benchmark prompt, their tokens equal the plain greedy ones, and the JSON record holds finite
-positive figures."""
+benchmark prompt, their tokens equal the plain greedy ones, and each record holds finite positive
+figures."""
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 
 import pytest
 
-from conftest import ROOT, load_script
-
-sys.path.insert(0, str(ROOT / "tests" / "plugins"))
-from dflash_checkpoints import make_dflash  # noqa: E402
-
-
-
-speculative = load_script("bench/speculative.py", "tileinfer_bench_speculative")
+from bench import records, speculative
+from bench.__main__ import main as bench
+from dflash_checkpoints import make_dflash
+from tileinfer.models import prompts
 
 
 def positive(x) -> bool:
@@ -26,53 +20,52 @@ def positive(x) -> bool:
 
 
 @pytest.fixture(scope="module")
-def record(checkpoint_factory, tmp_path_factory):
+def result(checkpoint_factory, tmp_path_factory):
     folder = checkpoint_factory(max_positions=512)
-    out = tmp_path_factory.mktemp("speculative") / "result.json"
-    drafter = make_dflash(out.parent / "dflash", hidden=64, num_target_layers=2, target_layer_ids=[0, 1], block=6,
+    out = tmp_path_factory.mktemp("speculative")
+    drafter = make_dflash(out / "dflash", hidden=64, num_target_layers=2, target_layer_ids=[0, 1], block=6,
                           max_positions=1024)
-    status = speculative.main(["--model", str(folder), "--device", "cpu", "--config", "reference",
-                               "--override", "dtype=float32", "--max-tokens", "200", "--new-tokens", "8",
-                               "--repeats", "2", "--dflash-model", str(drafter), "--k", "dflash=5",
-                               "--out", str(out)])
-    return status, json.loads(out.read_text())
+    status = bench(["spec", "--model", str(folder), "--device", "cpu", "--config", "reference", "--override",
+                    "dtype=float32", "--max-tokens", "200", "--new-tokens", "8", "--repeats", "2", "--dflash-model",
+                    str(drafter), "--k", "dflash=5", "--records", str(out / "records.jsonl"), "--commit", "abc1234"])
+    return status, records.load(out / "records.jsonl")
 
 
-def test_both_proposers_run_on_every_prompt(record):
-    status, result = record
-    assert status == 0 and result["failures"] == []
-    assert [(r["task"], r["file"]) for r in result["prompts"]] == [
-        (task, file) for file, _, _ in speculative.prompts_mod.BENCHMARK for task in ("edit", "open")]
-    assert result["config"]["none"]["proposer"] == "none" and result["config"]["ngram"]["proposer"] == "ngram"
-    assert result["config"]["dflash"]["proposer"] == "dflash" and result["config"]["dflash"]["spec_k"] == 5
-    assert result["config"]["ngram"]["spec_k"] == 7 and "draft" not in result["config"]
-    assert all(c["linear"] == "reference" and c["dtype"] == "float32" for c in result["config"].values())
-    assert result["device"] == "cpu" and result["torch"] and result["date"]
+def by(rows: list[dict], label: str) -> list[dict]:
+    return [r for r in rows if r["label"] == label]
+
+
+def test_every_proposer_runs_on_every_prompt(result):
+    status, rows = result
+    assert status == 0
+    expected = [(task, file) for file, _, _ in prompts.BENCHMARK for task in ("edit", "open")]
+    for label in ("none", "ngram", "dflash"):
+        assert [(r["task"], r["file"]) for r in by(rows, label)] == expected, label
+    assert {r["label"] for r in rows} == {"none", "ngram", "dflash"}  # no draft model given: left out
+    assert {(r["label"], r["proposer"], r["spec_k"]) for r in rows} == {
+        ("none", "none", 7), ("ngram", "ngram", 7), ("dflash", "dflash", 5)}
+    assert all(r["kind"] == "speculative" and r["commit"] == "abc1234" and r["mode"] == "greedy" for r in rows)
+    assert all(r["config"] == ["reference", "dtype=float32"] for r in rows)
     # On a CPU the engine decodes sequentially (the device loop needs pipelined, on CUDA).
-    assert result["decode_loops"] == {"none": ["sequential"], "ngram": ["speculative-sequential"],
-                                      "dflash": ["speculative-sequential"]}
-    assert all(row["ngram"]["decode_loop"] == "speculative-sequential" for row in result["prompts"])
+    assert {(r["label"], r["decode_loop"]) for r in rows} == {
+        ("none", "sequential"), ("ngram", "speculative-sequential"), ("dflash", "speculative-sequential")}
 
 
-def test_ngram_keeps_the_greedy_tokens_and_figures_are_sane(record):
-    _, result = record
-    for row in result["prompts"]:
-        plain, ngram = row["none"], row["ngram"]
-        assert row["match"] and row["first_difference"] is None
-        assert ngram["token_ids"] == plain["token_ids"] and 1 <= len(plain["token_ids"]) <= 8
-        assert row["dflash"]["token_ids"] == plain["token_ids"] and row["dflash"]["first_difference"] is None
-        assert row["dflash"]["drafted_tokens"] <= 5 * row["dflash"]["steps"]
-        assert 0 < row["prompt_tokens"] <= 200
-        assert plain["drafted_tokens"] == 0 and plain["acceptance"] is None
-        assert 0 <= ngram["accepted_tokens"] <= ngram["drafted_tokens"]
-        for run in (plain, ngram):
-            assert run["new_tokens"] == len(run["token_ids"]) and positive(run["prefill_ms"])
-            assert len(run["decode_tok_s_runs"]) == 2
-            if run["new_tokens"] > 1:
-                assert positive(run["decode_tok_s"]) and positive(run["steps"]) and run["tokens_per_step"] >= 1
-        if plain["new_tokens"] > 1:
-            assert positive(row["speedup"])
-    assert set(result["summary"]) == {"edit", "open"}
+def test_the_proposers_keep_the_greedy_tokens_and_figures_are_sane(result):
+    _, rows = result
+    for r in rows:
+        assert r["first_difference"] is None and 1 <= r["new_tokens"] <= 8 and 0 < r["prompt_tokens"] <= 200
+        assert positive(r["prefill_ms"]) and len(r["decode_tok_s_runs"]) == 2
+        if r["label"] == "none":
+            assert r["drafted_tokens"] == 0 and r["acceptance"] is None and r["speedup"] is None
+        else:
+            assert 0 <= r["accepted_tokens"] <= r["drafted_tokens"] <= r["spec_k"] * r["steps"]
+        if r["new_tokens"] > 1:
+            assert positive(r["decode_tok_s"]) and positive(r["steps"]) and r["tokens_per_step"] >= 1
+            assert r["label"] == "none" or positive(r["speedup"])
+    table = speculative.summary_table(rows)
+    assert table.splitlines()[0] == "| task | proposer | tok/s | speedup | tok/step | acceptance | loop |"
+    assert len(table.splitlines()) == 2 + 2 * 3  # two tasks, three proposers
 
 
 def test_a_difference_is_a_failure_and_exit_status_1(checkpoint_factory, tmp_path, monkeypatch, capsys):
@@ -88,45 +81,69 @@ def test_a_difference_is_a_failure_and_exit_status_1(checkpoint_factory, tmp_pat
         return result
 
     monkeypatch.setattr(speculative, "run", broken)
-    out = tmp_path / "result.json"
-    status = speculative.main(["--model", str(checkpoint_factory(max_positions=512)), "--device", "cpu",
-                               "--config", "reference", "--max-tokens", "200", "--new-tokens", "3", "--out", str(out)])
-    result = json.loads(out.read_text())
-    assert status == 1 and len(result["failures"]) == len(result["prompts"]) == 6
-    assert not any(r["match"] for r in result["prompts"])
+    out = tmp_path / "records.jsonl"
+    status = bench(["spec", "--model", str(checkpoint_factory(max_positions=512)), "--device", "cpu", "--config",
+                    "reference", "--max-tokens", "200", "--new-tokens", "3", "--records", str(out)])
+    rows = records.load(out)
+    assert status == 1 and len(rows) == 6 * 2  # recorded all the same
+    assert all((r["first_difference"] is None) == (r["label"] == "none") for r in rows)
     captured = capsys.readouterr()
-    assert "FAILURE: edit asyncio_runners.py.txt" in captured.err and "plain tok/s" in captured.out
+    assert captured.err.count("FAILURE: ") == 6 and "FAILURE: edit asyncio_runners.py.txt: ngram" in captured.err
+    assert "| task | proposer | tok/s |" in captured.out
+
+
+def parse(*argv: str):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    speculative.arguments(p)
+    return p.parse_args(list(argv))
 
 
 def test_sampled_runs_record_the_proposers_without_comparing_tokens(checkpoint_factory, tmp_path):
+    import torch
+
+    folder = checkpoint_factory(max_positions=512)
     drafter = make_dflash(tmp_path / "dflash", hidden=64, num_target_layers=2, target_layer_ids=[0, 1], block=6,
                           max_positions=1024)
-    out = tmp_path / "result.json"
-    status = speculative.main(["--model", str(checkpoint_factory(max_positions=512)), "--device", "cpu",
-                               "--config", "reference", "--max-tokens", "200", "--new-tokens", "6", "--repeats", "2",
-                               "--dflash-model", str(drafter), "--k", "dflash=5", "--sampled", "1.0",
-                               "--sampled-drafts", "--out", str(out)])
-    result = json.loads(out.read_text())
-    assert status == 0 and result["failures"] == []
-    assert all(c["temperature"] == 1.0 for c in result["config"].values())
-    assert result["config"]["dflash"]["options"]["dflash"]["greedy"] is False
-    assert all(r["dflash"]["new_tokens"] >= 1 for r in result["prompts"])
+    argv = ["--model", str(folder), "--device", "cpu", "--config", "reference", "--max-tokens", "200",
+            "--new-tokens", "6", "--repeats", "2", "--dflash-model", str(drafter), "--k", "dflash=5", "--sampled",
+            "1.0", "--sampled-drafts"]
+    engines = speculative.engines(parse(*argv), torch.device("cpu"))
+    assert all(e.config.temperature == 1.0 for e in engines.values())
+    assert engines["dflash"].config.options["dflash"]["greedy"] is False
+    out = tmp_path / "records.jsonl"
+    assert bench(["spec", *argv, "--records", str(out)]) == 0
+    rows = records.load(out)
+    assert {r["mode"] for r in rows} == {"sampled 1.0"} and all(r["sampled_drafts"] for r in rows)
+    assert all(r["first_difference"] is None and r["new_tokens"] >= 1 for r in rows)
 
 
-def test_a_k_sweep_records_each_k_and_the_best(checkpoint_factory, tmp_path):
-    folder = checkpoint_factory(max_positions=512)
-    out = tmp_path / "sweep.json"
-    status = speculative.main(["--model", str(folder), "--device", "cpu", "--config", "reference",
-                               "--override", "dtype=float32", "--max-tokens", "200", "--new-tokens", "6",
-                               "--k", "ngram=1,4", "--out", str(out)])
-    result = json.loads(out.read_text())
-    assert status == 0 and result["failures"] == []
-    assert result["config"]["ngram@1"]["spec_k"] == 1 and result["config"]["ngram@4"]["spec_k"] == 4
-    for row in result["prompts"]:
-        assert row["ngram@1"]["token_ids"] == row["ngram@4"]["token_ids"] == row["none"]["token_ids"]
-        assert row["ngram@1"]["drafted_tokens"] <= row["ngram@1"]["steps"]
-    for task, best in result["best"].items():
-        summary = result["summary"][task]
-        chosen = best["ngram"]
-        assert chosen["label"] in ("ngram@1", "ngram@4") and chosen["k"] == int(chosen["label"][-1])
-        assert chosen["tok_s"] == max(summary["ngram@1_tok_s"], summary["ngram@4_tok_s"])
+def test_a_k_sweep_records_each_k_and_marks_the_best(checkpoint_factory, tmp_path):
+    out = tmp_path / "records.jsonl"
+    assert bench(["spec", "--model", str(checkpoint_factory(max_positions=512)), "--device", "cpu", "--config",
+                  "reference", "--override", "dtype=float32", "--max-tokens", "200", "--new-tokens", "6", "--k",
+                  "ngram=1,4", "--records", str(out)]) == 0
+    rows = records.load(out)
+    assert {(r["label"], r["spec_k"]) for r in rows if r["proposer"] == "ngram"} == {("ngram@1", 1), ("ngram@4", 4)}
+    assert all(r["first_difference"] is None for r in rows)
+    assert all(r["drafted_tokens"] <= r["steps"] for r in by(rows, "ngram@1"))
+    for task in ("edit", "open"):
+        tok_s = {label: sum(r["decode_tok_s"] for r in by(rows, label) if r["task"] == task) for label in
+                 ("ngram@1", "ngram@4")}
+        best = max(tok_s, key=tok_s.get)
+        assert any(line.startswith(f"| {task} | {best}* |") for line in speculative.summary_table(rows).splitlines())
+
+
+@pytest.mark.parametrize("argv,message", [(["--k", "ngram"], "expected PROPOSER=K[,K...]"),
+                                          (["--k", "beam=3"], "expected PROPOSER=K[,K...]"),
+                                          (["--k", "ngram=0"], "expected PROPOSER=K[,K...]")])
+def test_a_bad_k_is_a_usage_error(capsys, argv, message):
+    with pytest.raises(SystemExit):
+        parse(*argv)
+    assert message in capsys.readouterr().err
+
+
+def test_sampled_drafts_need_sampling(capsys):
+    assert bench(["spec", "--sampled-drafts"]) == 2
+    assert capsys.readouterr().err == "error: --sampled-drafts needs --sampled T\n"

@@ -6,19 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import variants  # noqa: E402
-from tileinfer.config import Config, load_config, resolve_config, shipped_config_path  # noqa: E402
-from tileinfer.errors import ConfigError  # noqa: E402
-from tileinfer.hookspecs import KINDS  # noqa: E402
-from tileinfer.registry import build_registry  # noqa: E402
+from bench import variants
+from tileinfer.config import Config, load_config, resolve_config, shipped_config_path
+from tileinfer.errors import ConfigError
+from tileinfer.hookspecs import KINDS
+from tileinfer.registry import build_registry
 
 
 @functools.cache

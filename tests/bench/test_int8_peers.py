@@ -1,6 +1,6 @@
 """The INT8 weight-only peers of bench/peers.py (engine-compiled-int8, hf-torchao-int8) built on the
-tiny shape on a CPU, a peer that cannot run made visible in results.md, and gemlite's A16W8 column
-of bench/kernels/linear_int8.py (its reason where gemlite does not import; its figures on a GPU)."""
+tiny shape on a CPU, a peer that cannot run made visible in the report's peers table, and gemlite's
+A16W8 column of the linear benchmark (its reason where gemlite does not import; its figures on a GPU)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench import matrix, peers, records
+from bench.__main__ import main as bench
+from bench.shapes import write_random_checkpoint
+from bench.workloads import workloads
 from conftest import load_script
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import peers  # noqa: E402
-import report  # noqa: E402
-import run  # noqa: E402
-from shapes import write_random_checkpoint  # noqa: E402
-from workloads import workloads  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +52,7 @@ def test_engine_compiled_int8_is_the_compiled_reference_model_with_int8_weights(
 def test_engine_compiled_int8_decodes_the_tokens_of_the_eager_int8_reference(tiny):
     """The compiled decode steps (CUDA graphs through torch.compile) against the same model run
     eagerly, in float32 so that no rounding difference can flip a greedy choice."""
-    from workloads import EngineRunner
+    from bench.workloads import EngineRunner
 
     over = ["device=cuda", "dtype=float32"]
     prompt = [(7 * i) % 500 + 3 for i in range(40)]
@@ -88,42 +84,42 @@ def test_hf_torchao_int8_quantizes_every_linear_with_torchao(tiny):
         runner.close()
 
 
-def test_a_peer_that_cannot_run_is_a_row_with_its_reason_in_results_md(tiny, tmp_path, monkeypatch):
+def test_a_peer_that_cannot_run_is_a_record_with_its_reason_in_the_peers_table(tiny, tmp_path, monkeypatch):
     """torchao made unimportable: the row is recorded with "cannot run: ...", shown in the peers
     table, and the peers with no row at all are named under it."""
     monkeypatch.setitem(sys.modules, "torchao", None)  # `import torchao` raises ImportError
     with pytest.raises(RuntimeError, match=r"^cannot run: torchao does not import \(ModuleNotFoundError"):
         peers.runner("hf-torchao-int8", tiny, torch.device("cpu"), kv_capacity=64, device_override=[])
-    out = tmp_path / "out"
-    assert run.main(["--shape", "tiny", "--variant", "hf-torchao-int8", "--workload", "prefill1024",
-                     "--seconds", "0", "--checkpoints", str(tiny.parent), "--out", str(out)]) == 0
-    [row] = json.loads((out / "results.json").read_text())
+    out = tmp_path / "records.jsonl"
+    assert bench(["peers", "--shape", "tiny", "--variant", "hf-torchao-int8", "--workload", "prefill1024",
+                  "--seconds", "0", "--checkpoints", str(tiny.parent), "--records", str(out)]) == 0
+    [row] = records.load(out)
     assert row["peer"] == "hf-torchao-int8" and row["value"] is None
     assert row["note"].startswith("RuntimeError: cannot run: torchao does not import (ModuleNotFoundError")
-    text = (out / "results.md").read_text()
-    peer_table = text.split("### Peers")[1]
+    peer_table = matrix.peers_table([row])
     assert f"| hf-torchao-int8 | – ({row['note']}) |" in peer_table
     absent = [p for p in peers.PEERS if p != "hf-torchao-int8"]
-    assert f"Not measured (no row in these results): {', '.join(absent)}." in peer_table
+    assert f"Not measured (no record of this commit): {', '.join(absent)}." in peer_table
 
 
 def row(peer: str | None, value: float | None, note: str | None = None, variant: str | None = None) -> dict:
-    return {"shape": "S", "variant": variant, "peer": peer, "workload": "decode128_ctx1024", "value": value,
-            "unit": "tok/s", "roofline_fraction": None if value is None else value / 1000, "tflops": None,
-            "peak_fraction": None, "prompt_tokens": 1024, "new_tokens": 128, "note": note, "part": None,
-            "config": None, "gpu": "G", "torch": "t", "triton": "tr", "commit": "abc1234",
+    return {"kind": "matrix", "shape": "S", "variant": variant, "peer": peer, "workload": "decode128_ctx1024",
+            "value": value, "unit": "tok/s", "roofline_fraction": None if value is None else value / 1000,
+            "tflops": None, "peak_fraction": None, "prompt_tokens": 1024, "new_tokens": 128, "note": note,
+            "part": None, "config": None, "versions": {"gpu": "G"}, "commit": "abc1234",
             "date": "2026-12-01T10:00:00+00:00", "copy_bandwidth_tb_s": 4.2, "matmul_peak_tflops": 780.0}
 
 
-def test_peers_of_other_scripts_follow_and_absent_peers_are_named():
+def test_peers_of_other_commands_follow_and_absent_peers_are_named():
     rows = [row(None, 400.0, variant="default"), row("engine-compiled-int8", 96.0),
             row("llama.cpp-q8_0", 300.0), row("hf-torchao-int8", None, "RuntimeError: cannot run: " + "x" * 150)]
-    table = report.tables(rows).split("### Peers")[1]
+    table = matrix.peers_table(rows)
     lines = [line.split(" |")[0] for line in table.splitlines() if line.startswith("| ")]
-    assert lines == ["| peer", "| default", "| engine-compiled-int8", "| hf-torchao-int8", "| llama.cpp-q8_0"]
+    assert lines == ["| peer", "| default (2026-12-01T10:00:00+00:00)", "| engine-compiled-int8", "| hf-torchao-int8",
+                     "| llama.cpp-q8_0"]
     assert "| llama.cpp-q8_0 | 300 tok/s x1.33 |" in table
     assert f"– (RuntimeError: cannot run: {'x' * 150})" in table  # the whole reason, not cut at 100
-    assert "Not measured (no row in these results): hf-sdpa, hf-static-compile, engine-compiled." in table
+    assert "Not measured (no record of this commit): hf-sdpa, hf-static-compile, engine-compiled." in table
 
 
 def test_gemlite_column_records_why_where_gemlite_does_not_import(monkeypatch):

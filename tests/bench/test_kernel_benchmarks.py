@@ -1,30 +1,54 @@
-"""The per-op kernel micro-benchmarks of bench/kernels (one per Triton op, named as the op:
-tests/backends/test_layout.py checks that): each says in one line that it needs a GPU (exit status 2) where none is visible, and ``--help`` works."""
+"""``python -m bench kernels``: one micro-benchmark per Triton op (the small ops in ``OPS``, paged
+attention and the linear in modules of their own; tests/backends/test_layout.py checks that every op
+has one); each says in one line that it needs a GPU (exit status 2) where none is visible, and
+``--help`` works; the small ops' cases check and time what their docstrings say."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import load_script
-
-ROOT = Path(__file__).resolve().parents[2]
-KERNELS = ROOT / "bench" / "kernels"
-SCRIPTS = sorted(p.stem for p in KERNELS.glob("*.py") if 'if __name__ == "__main__":' in p.read_text())
+from bench import kernels, shapes
+from bench.__main__ import main as bench
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message")
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_says_in_one_line_that_it_needs_a_gpu(script, capsys):
-    assert load_script(f"bench/kernels/{script}.py", f"tileinfer_bench_kernels_{script}").main([]) == 2
-    assert capsys.readouterr().err == f"error: {script}.py needs a CUDA GPU (none is visible)\n"
+@pytest.mark.parametrize("name", kernels.BENCHMARKS)
+def test_says_in_one_line_that_it_needs_a_gpu(name, capsys):
+    assert bench(["kernels", name]) == 2
+    assert capsys.readouterr().err == f"error: python -m bench kernels {name} needs a CUDA GPU (none is visible)\n"
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_help(script, capsys):
+@pytest.mark.parametrize("name", kernels.BENCHMARKS)
+def test_help(name, capsys):
     with pytest.raises(SystemExit) as exit_:
-        load_script(f"bench/kernels/{script}.py", f"tileinfer_bench_kernels_{script}").main(["--help"])
+        bench(["kernels", name, "--help"])
     assert exit_.value.code == 0
-    assert "usage:" in capsys.readouterr().out
+    assert f"usage: python -m bench kernels {name}" in capsys.readouterr().out
+
+
+def test_every_small_op_of_the_triton_backend_is_a_case():
+    from pathlib import Path
+
+    triton = Path(kernels.__file__).resolve().parents[2] / "backends" / "triton"
+    assert all((triton / f"{op}.py").is_file() for op in kernels.OPS)
+    assert set(kernels.OPS) == {"add", "rms_norm", "rope", "silu_mul", "kv_write", "attention_inputs"}
+
+
+def test_an_unknown_model_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit):
+        bench(["kernels", "ops", "--models", "Qwen3-5B"])
+    assert "unknown model 'Qwen3-5B'; valid: " in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", kernels.OPS)
+def test_each_case_runs_beside_its_twin(op):
+    """On the GPU: every case of an op, at a decode and a prefill step, runs beside its twin (the
+    kernels' accuracy is tests/backends/triton's) and is timed to a positive figure."""
+    import math
+
+    for t in (1, 64):
+        for case, shape, make, kernel, twin, moved in kernels.OPS[op](shapes.SHAPES["Qwen3-0.6B"], t):
+            m = kernels.measure(make, kernel, twin, moved, bandwidth=4e12, repeats=3)
+            assert math.isfinite(m["max_abs_err"]) and m["kernel_us"] > 0 and m["twin_us"] > 0, (op, case, t)

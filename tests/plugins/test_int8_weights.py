@@ -1,7 +1,6 @@
 """``quantize=int8`` on the Triton linear (W8A16 kernels) in an engine; the memory an INT8 run needs
 and reports; and the quality of INT8 weights against the unquantized model, with the figures and
-code of bench/int8_quality.py (whose record, bench/results/cpu/int8_quality.json, the README
-quotes).
+code of bench/quality.py (``python -m bench quality``; its records: bench/results/cpu/records.jsonl).
 
 Quality bounds (mean KL(unquantized || INT8) in nats, top-1 agreement over every position of four
 64-token prompts), with the values measured when they were set:
@@ -10,7 +9,7 @@ Quality bounds (mean KL(unquantized || INT8) in nats, top-1 agreement over every
   Qwen3-0.6B figures were 0.009 and 49/50.
 - shipped model, bfloat16: KL < 0.009, top-1 >= 0.97 (measured 0.00038, 250/256; bfloat16 alone
   against float32 agrees on 253/256).
-- random checkpoint with outlier columns (bench/int8_quality.py), bfloat16 and float32: KL < 0.012,
+- random checkpoint with outlier columns (bench/quality.py), bfloat16 and float32: KL < 0.012,
   top-1 >= 0.92 (measured 0.0083 / 0.0076, 245 / 240 of 256): the KL is within the seed's, the
   top-1 agreement is not (a random network amplifies weight noise more than a trained one).
 """
@@ -21,7 +20,7 @@ import pytest
 import torch
 
 import tileinfer
-from conftest import DEVICE, load_script
+from conftest import DEVICE
 from tileinfer.errors import ConfigError
 from tileinfer.memory import kv_bytes, weight_bytes
 
@@ -30,7 +29,9 @@ PROMPT = [17, 4, 99, 250, 3, 18, 4, 99, 250, 3, 18, 60, 61, 62, 17, 4, 99]
 
 
 def quality():
-    return load_script("bench/int8_quality.py", "int8_quality")
+    from bench import quality
+
+    return quality
 
 
 def engine(folder, **keys):

@@ -1,0 +1,188 @@
+"""The GPU machine's calls that run several benchmarks or the GPU tests, each within one 10-minute
+device call: ``check`` (the measurements beside the matrix), ``compare`` (the default config of two
+commits) and ``gpu-tests``. Each runs ``python -m bench ...`` or pytest in subprocesses, each step
+stopped at its share of the call's time so that the call returns with what was measured.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import records
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_K = ["--k", "ngram=7,15", "--k", "draft=3,7", "--k", "dflash=7,15"]
+LOOPS = ["--loop", "ngram@7", "--loop", "ngram@15", "--loop", "draft@3", "--loop", "draft@7", "--loop", "dflash@7",
+         "--loop", "dflash@15"]
+TTFT_NAMES = [a for name in ("default", "no-cuda-graphs", "torch-matmul", "hf-sdpa", "engine-compiled")
+              for a in ("--variant", name)]
+# check -> (seconds at most, the command's arguments) for each step, with minutes estimated for the whole
+# check (setup, checkpoints and Triton compilation included, the machine's start not)
+CHECKS = {
+    "steps": [(300, ["steps", "--profile", "--variant", "default", "--variant", "no-pdl"]),
+              (90, ["steps", "--model", "models/target", "--contexts", "1024", "--loop", "ngram@15", "--loop",
+                    "draft@7", "--loop", "dflash@7"])],
+    "gemv": [(200, ["kernels", "linear", "--sweep", "--tokens", "1,2,16", "--repeats", "20"]),
+             (120, ["kernels", "paged_attention", "--kv", "bf16,int8", "--contexts", "8192,32768"])],
+    "gemm": [(540, ["kernels", "linear", "--sweep", "--tokens", "1024", "--repeats", "20"])],
+    "spec": [(330, ["spec", "--device", "cuda", "--new-tokens", "256", "--repeats", "3", *SPEC_K]),
+             (90, ["steps", "--model", "models/target", "--contexts", "1024", "--repeats", "40", *LOOPS]),
+             (150, ["dflash-step"])],
+    "ttft": [(330, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", *TTFT_NAMES, "--workload",
+                    "prefill1024"]),
+             (260, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--workload", "prefill8192",
+                    "--workload", "prefill32768", "--no-peers"])],
+}
+MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8}
+
+
+def run_steps(steps: list[tuple[float, list[str]]], budget: float, extra: list[str], env: dict | None = None,
+              cwd: Path = ROOT) -> list[int]:
+    """``python -m bench ARGS EXTRA`` for each (seconds, ARGS), each stopped at its seconds or what
+    is left of ``budget``; the exit statuses (124: stopped)."""
+    began, statuses = time.monotonic(), []
+    for seconds, argv in steps:
+        left = budget - (time.monotonic() - began)
+        if left < 30:
+            print(f"out of time before: {' '.join(argv)}", flush=True)
+            statuses.append(124)
+            continue
+        print(f"[{time.strftime('%H:%M:%S')}] python -m bench {' '.join(argv)}", flush=True)
+        try:
+            statuses.append(subprocess.run([sys.executable, "-m", "bench", *argv, *extra], cwd=cwd, env=env,
+                                           timeout=min(seconds, left)).returncode)
+        except subprocess.TimeoutExpired:
+            statuses.append(124)
+        print(f"  exit {statuses[-1]} (124: stopped, the records measured are kept)", flush=True)
+    return statuses
+
+
+def check_arguments(p) -> None:
+    listing = "\n".join(f"  {name:<6} ~{MINUTES[name]} min: " + "; ".join(" ".join(a) for _, a in steps)
+                        for name, steps in CHECKS.items())
+    p.description = __doc__.split("\n\n")[0]
+    p.epilog = "checks (python -m bench ...):\n" + listing
+    p.add_argument("check", choices=CHECKS)
+    p.add_argument("--seconds", type=float, default=560, help="the whole check's time (default %(default)s)")
+    records.arguments(p)
+
+
+def check_main(args) -> int:
+    extra = [*(["--commit", args.commit] if args.commit else []), *(["--records", str(args.records)] if args.records
+                                                                     else [])]
+    statuses = run_steps(CHECKS[args.check], args.seconds, extra)
+    return max(statuses)
+
+
+def compare_arguments(p) -> None:
+    p.description = ("The default config of two commits in one call: prefill1024 and decode128_ctx1024 at both GPU "
+                     "shapes, each commit's own `python -m bench matrix`, alternating (A B A B ... for --rounds), so "
+                     "that a drift of the machine shows as spread between rounds of one commit; both commits need "
+                     "`python -m bench`. Each side runs from "
+                     "a package folder made of its core/, backends/, plugins/ and configs/ (no install, so that the "
+                     "two never mix). The other side's tree, here, once: mkdir -p .ab/before && git archive OLD core "
+                     "backends plugins configs bench | tar -x -C .ab/before (carry .ab). Records: kind compare, "
+                     "each with its side and round.")
+    p.add_argument("--before", type=Path, default=ROOT / ".ab" / "before", help="the other commit's tree "
+                   "(default .ab/before)")
+    p.add_argument("--before-commit", required=True, help="the other commit's hash, recorded")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=2, help="time budget per row")
+    p.add_argument("--shape", action="append", default=[], help="default: Qwen3-0.6B and Qwen3-4B")
+    p.add_argument("--model", type=Path, help="a checkpoint folder instead of the random shapes (e.g. models/target)")
+    p.add_argument("--budget", type=float, default=420, help="seconds for the whole comparison")
+    records.arguments(p)
+
+
+def package(tree: Path, folder: Path) -> Path:
+    """``folder/tileinfer`` laid out as pyproject.toml's package-dir maps ``tree``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(tree / "core", folder / "tileinfer")
+    for sub in ("backends", "plugins", "configs", "models"):
+        if (tree / sub).is_dir():
+            shutil.copytree(tree / sub, folder / "tileinfer" / sub)
+    return folder
+
+
+def compare_main(args) -> int:
+    if not (args.before / "core" / "engine.py").is_file():
+        print(f"error: {args.before} holds no tileinfer tree (see --help)", file=sys.stderr)
+        return 2
+    sides = {"before": (args.before, args.before_commit), "after": (ROOT, args.commit or records.git_commit())}
+    where = ["--model", str(args.model.resolve())] if args.model else [
+        a for s in args.shape or ["Qwen3-0.6B", "Qwen3-4B"] for a in ("--shape", s)]
+    began, found = time.monotonic(), []
+    for round_ in range(1, args.rounds + 1):
+        for side, (tree, commit) in sides.items():
+            folder = package(tree, Path(f"/tmp/ab/{side}"))
+            out = Path(f"/tmp/ab-runs/{side}-{round_}.jsonl")
+            out.unlink(missing_ok=True)
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder),
+                                                                             os.environ.get("PYTHONPATH")]))}
+            argv = ["matrix", *where, "--variant", "default", "--workload", "prefill1024", "--workload",
+                    "decode128_ctx1024", "--seconds", str(args.seconds), "--no-peers", "--commit", commit]
+            left = args.budget - (time.monotonic() - began)
+            run_steps([(left, argv)], left, ["--records", str(out)], env=env, cwd=tree.resolve())
+            found += [{**r, "kind": "compare", "side": side, "round": round_} for r in records.load(out)
+                      if r["value"] is not None]
+    if not found:
+        print("error: neither side recorded a row (their output is above)", file=sys.stderr)
+        return 1
+    records.append(args.records or records.RESULTS / records.machine(found[0]["versions"]["gpu"]) / "records.jsonl",
+                   found)
+    print(compare_table(found))
+    return 0
+
+
+def compare_table(rows: list[dict]) -> str:
+    """Per shape and workload: each round's figure of each side, the medians, and after / before of
+    the medians as a speed ratio (> 1: faster after, for prefill milliseconds too)."""
+    from .report import markdown
+
+    def speed(r: dict) -> float:
+        return 1 / r["value"] if r["unit"] == "ms" else r["value"]
+
+    body = []
+    for shape, workload in sorted({(r["shape"], r["workload"]) for r in rows}):
+        sides = {s: sorted((r for r in rows if (r["shape"], r["workload"], r["side"]) == (shape, workload, s)),
+                           key=lambda r: r["round"]) for s in ("before", "after")}
+        cells = [", ".join(f"{r['value']:.4g}" for r in sides[s]) or "-" for s in sides]
+        medians = [f"{statistics.median(r['value'] for r in sides[s]):.4g} {sides[s][0]['unit']}" if sides[s] else "-"
+                   for s in sides]
+        ratio = "-"
+        if all(sides.values()):
+            after, before = (statistics.median(map(speed, sides[s])) for s in ("after", "before"))
+            ratio = f"x{after / before:.3f}"
+        body.append([shape, workload, *cells, *medians, ratio])
+    commits = {s: ", ".join(sorted({r["commit"] for r in rows if r["side"] == s})) for s in ("before", "after")}
+    return (markdown(["shape", "workload", "before (each round)", "after (each round)", "before, median",
+                      "after, median", "after / before (speed)"], body)
+            + f"\n\nbefore: {commits['before']}; after: {commits['after']}")
+
+
+def tests_arguments(p) -> None:
+    p.description = ("The GPU-marked tests (pytest -m gpu), over --workers processes with pytest-xdist where it "
+                     "imports (bench/device.sh carries it; in one process the GPU tests take more than 9 minutes), "
+                     "stopped after --seconds.")
+    p.add_argument("paths", nargs="*", default=["tests"], help="test paths (default: tests)")
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=540)
+
+
+def tests_main(args) -> int:
+    import importlib.util
+
+    workers = ["-n", str(args.workers), "--dist", "loadfile"] if importlib.util.find_spec("xdist") else []
+    argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m", "gpu", "--durations=15",
+            *workers, *args.paths]
+    try:
+        return subprocess.run(argv, cwd=ROOT, timeout=args.seconds).returncode
+    except subprocess.TimeoutExpired:
+        print(f"stopped after {args.seconds:.0f} s", flush=True)
+        return 124

@@ -1,0 +1,96 @@
+"""``python -m bench matrix`` on a CPU: every variant and the hf-sdpa peer at the tiny shape and the
+short workloads, one sample each (the figures of a CPU say nothing: only that each row ran, gave a
+positive finite figure and its roofline, or says why it did not); the H200 parts cover the matrix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bench import matrix, peers, records
+from bench.__main__ import main as bench
+from bench.variants import VARIANTS
+from bench.workloads import NAMES
+
+NAMES_RUN = [*VARIANTS, "hf-sdpa"]
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> dict[str, list[dict]]:
+    """The smoke run's records by variant or peer."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU smoke (a GPU runs the Qwen3 shapes)")
+    folder = tmp_path_factory.mktemp("matrix")
+    argv = ["matrix", "--shape", "tiny", "--seconds", "0", "--checkpoints", str(folder / "ckpt"),
+            "--records", str(folder / "records.jsonl"), "--commit", "abc1234"]
+    assert bench([*argv, *(a for n in NAMES_RUN for a in ("--variant", n))]) == 0
+    by_name: dict[str, list[dict]] = {}
+    for r in records.load(folder / "records.jsonl"):
+        by_name.setdefault(matrix.name(r), []).append(r)
+    return by_name
+
+
+@pytest.mark.parametrize("name", NAMES_RUN)
+def test_every_variant_runs_every_workload_or_says_why(rows, name):
+    mine = rows[name]
+    assert [r["workload"] for r in mine] == list(NAMES)
+    for r in mine:
+        assert r["kind"] == "matrix" and r["commit"] == "abc1234" and r["versions"]["torch"] == torch.__version__
+        if r["value"] is None:  # a variant that does not resolve here names its key (test_bench_variants.py)
+            assert r["note"].startswith("skipped: ") and name != "default", r
+            continue
+        assert math.isfinite(r["value"]) and r["value"] > 0 and r["note"] is None
+        figure = r["roofline_fraction"] if r["unit"] == "tok/s" else r["tflops"]
+        assert math.isfinite(figure) and figure > 0, r
+        assert r["config"] == (VARIANTS[name] if name in VARIANTS else None)
+    assert len({r["date"] for r in mine}) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU refusal")
+def test_a_qwen3_shape_is_refused_on_a_cpu_before_writing_anything(tmp_path, capsys):
+    ckpt, out = tmp_path / "ckpt", tmp_path / "records.jsonl"
+    assert bench(["matrix", "--shape", "tiny", "--shape", "Qwen3-4B", "--checkpoints", str(ckpt),
+                  "--records", str(out)]) == 2
+    assert capsys.readouterr().err == ("error: shape Qwen3-4B needs a CUDA GPU (8.0 GB of weights); "
+                                       "on a CPU use --shape tiny\n")
+    assert not ckpt.exists() and not out.exists()
+
+
+def test_an_unknown_variant_is_a_one_line_error(capsys):
+    assert bench(["matrix", "--variant", "no-such-variant"]) == 2
+    assert capsys.readouterr().err.startswith("error: unknown variant 'no-such-variant'; valid: default, ")
+
+
+def test_the_parts_cover_every_variant_and_peer_once_per_shape(capsys):
+    rows: dict[str, list[str]] = {}
+    for part in matrix.PARTS.values():
+        rows.setdefault(part.shape, []).extend(part.names)
+    assert set(rows) == {"Qwen3-0.6B", "Qwen3-4B"}
+    for shape, names in rows.items():
+        assert sorted(names) == sorted(n for n in [*VARIANTS, *peers.PEERS] if n != "default"), shape
+    assert bench(["matrix", "--list-parts"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0] == f"1 Qwen3-0.6B default {' '.join(matrix.GRAPH_CHAIN)}"
+    assert listed[6] == "7 Qwen3-0.6B default int8 engine-compiled-int8 hf-torchao-int8 | prefill1024 decode128_ctx1024"
+
+
+def test_the_int8_peers_are_measured_beside_our_int8_at_the_int8_targets_workloads():
+    """One part per shape holds our INT8 weights and every INT8 peer, at prefill1024 and
+    decode128_ctx1024 only, so that they are measured in the same run (and the same default)."""
+    int8 = {p.shape: p for p in matrix.PARTS.values() if "int8" in p.names}
+    assert set(int8) == {"Qwen3-0.6B", "Qwen3-4B"}
+    for part in int8.values():
+        assert part.names == ("int8", *peers.INT8_PEERS) and part.workloads == ("prefill1024", "decode128_ctx1024")
+    assert all(p.workloads == NAMES for p in matrix.PARTS.values() if "int8" not in p.names)
+
+
+def test_a_part_is_complete_when_every_row_of_its_shape_is_there():
+    """The report's tables of a shape need every row its parts measure (report picks the newest
+    commit that has them all)."""
+    expected = matrix.expected("Qwen3-4B")
+    assert ("default", "decode128_ctx32768") in expected and ("hf-torchao-int8", "prefill1024") in expected
+    assert ("hf-torchao-int8", "decode128_ctx8192") not in expected
+    assert len(expected) == 4 * (1 + len(matrix.GRAPH_CHAIN) + len(matrix.REST) + len(matrix.BF16_PEERS)) + 2 * 3
+    assert matrix.expected("tiny") == set()
