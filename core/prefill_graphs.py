@@ -27,7 +27,7 @@ finite value), and every later step writes a position before it reads it (a deco
 writes its own positions first; a chunk after a padded one overwrites them). Only the real rows'
 hidden states are handed on (``hidden[:n]``), and the logits are those of row ``n - 1``.
 
-Memory: the graphs share one pool with the decode graphs (``GraphedSteps``), so a capture reuses
+Memory: the graphs share one pool with the decode graphs (``StepRunner``), so a capture reuses
 what earlier captures freed: the pool holds about one largest bucket's activations plus each
 graph's static outputs (float32 logits ``[1, V]``, and ``[bucket, hidden]`` per captured layer).
 That is safe because each graph's outputs are read before any other graph replays (the sampler

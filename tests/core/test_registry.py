@@ -77,6 +77,35 @@ def test_a_plugin_whose_hook_fails_is_named_and_the_others_still_load():
         registry.get("sampler", "lonely")
 
 
+def test_the_forward_pass_is_a_kind_like_the_others(tiny_checkpoint):
+    """``forward`` (how a forward pass of T tokens runs) names a registered ForwardPass; per_op,
+    built in, is the default."""
+    from tileinfer.config import load_config
+    from tileinfer.interfaces import ForwardPass
+    from tileinfer.plugins.per_op import PerOpForward
+
+    registry = build_registry(plugin_manager(entry_points=False))
+    assert registry.names("forward") == ["per_op"] and registry.get("forward", "per_op") is PerOpForward
+    assert registry.entry("forward", "per_op").plugin == "tileinfer.plugins.per_op"
+    assert issubclass(PerOpForward, ForwardPass) and load_config().forward == "per_op"
+    with pytest.raises(ConfigError, match="forward=persistent: no plugin registered that name; valid: per_op$"):
+        registry.get("forward", "persistent")
+    with pytest.raises(ConfigError, match="forward=persistent: no plugin registered that name"):
+        tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", forward="persistent",
+                                     progress=False)
+    pm = plugin_manager(entry_points=False)
+    pm.register(_NotAForward(), name="not_a_forward_plugin")
+    with pytest.raises(PluginError, match="forward=sampler_in_disguise .* not a subclass of ForwardPass"):
+        build_registry(pm).get("forward", "sampler_in_disguise")
+
+
+class _NotAForward:
+    @tileinfer.hookimpl
+    def tileinfer_implementations(self):
+        return [tileinfer.Implementation("forward", "sampler_in_disguise",
+                                         "tileinfer.plugins.reference.sampler:ReferenceSampler")]
+
+
 def test_auto_and_none_are_not_implementation_names():
     for name in ("auto", "none"):
         with pytest.raises(ValueError, match="other than 'auto' and 'none'"):

@@ -99,6 +99,7 @@ def test_eos_inside_an_accepted_draft_ends_the_generation(greedy_case, checkpoin
     assert out.token_ids == plain.token_ids[: index + 1]
     assert out.stats.finish_reason == "eos"
     assert out.stats.steps == -(-index // (spec_k + 1))  # every draft was accepted
+    assert e.kv.length == len(repetitive_prompt()) + index + 1  # cut after the EOS, a draft the last step fed
 
 
 def test_speculation_respects_max_new_tokens(greedy_case):
