@@ -187,9 +187,9 @@ class CompiledEngineRunner(EngineRunner):
         compiled = torch.compile(eager, mode="reduce-overhead", fullgraph=True)
         capacity = kv.capacity
 
-        def forward(tokens, step, kv, *, last_only=False, capture=()):
-            if last_only or capture:  # the prefill (and captured hidden states) stay eager
-                return eager(tokens, step, kv, last_only=last_only, capture=capture)
+        def forward(tokens, step, kv, *, capture=(), rows=None, last_only=False, logits=True):
+            if last_only or capture or rows is not None or not logits:  # the prefill and the like stay eager
+                return eager(tokens, step, kv, capture=capture, rows=rows, last_only=last_only, logits=logits)
             return compiled(tokens, dataclasses.replace(step, max_context=capacity), kv)
 
         model.forward = forward  # an instance attribute: this engine only

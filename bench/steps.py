@@ -81,15 +81,16 @@ def kernel_profile(engine: tileinfer.Engine, tokens: int, context: int, calls: i
 
 
 def device_loop(engine, k: int):
-    """The engine's device-resident loop, or one built as the engine builds it."""
+    """The engine's device-resident loop, or one built as the engine builds it (over the same
+    forward pass), drafting ``k`` tokens a step."""
     from tileinfer.device_speculation import SpeculativeLoop
     from tileinfer.steps import cuda_graph_capture
 
-    loop = getattr(engine.decoder, "loop", None)
+    loop = engine.decoder.loop
     if loop is not None and k in loop.k_values:
         return loop
     capture = cuda_graph_capture if engine.device.type == "cuda" and engine.config.cuda_graphs else None
-    return SpeculativeLoop(engine.model, engine.kv, engine.proposer, [k], capture=capture)
+    return SpeculativeLoop(engine.decoder.steps.forward_pass, engine.kv, engine.proposer, [k], capture=capture)
 
 
 def loop_step_ms(engine: tileinfer.Engine, k: int, context: int, repeats: int) -> float:
@@ -101,7 +102,7 @@ def loop_step_ms(engine: tileinfer.Engine, k: int, context: int, repeats: int) -
     ids = random_prompt(context, engine.model_config.vocab_size)
     engine.kv.reset()
     with torch.inference_mode():
-        first = prefill(engine.model, engine.kv, engine.sampler, ids, proposer.hidden_layers,
+        first = prefill(engine.decoder.steps, engine.sampler, ids, proposer.hidden_layers,
                         chunk=engine.config.prefill_chunk, on_chunk=proposer.prompt_chunk)
         loop.begin(ids, first, (repeats + 8) * (k + 1))
         return median_seconds(lambda: loop.step(k), engine.device, repeats=repeats, warmup=3) * 1e3
