@@ -30,12 +30,12 @@ def folder(checkpoint_factory):
     return checkpoint_factory(tokenizer=False)
 
 
-# A generation's own arguments, and config keys of both engines.
+# A generation's own arguments, config keys of both engines, and the word of the fallback's reason.
 SETTINGS = {
-    "sampled": (dict(sampling=SamplingParams(temperature=0.8, seed=3)), {}),
-    "repetition-penalty": (dict(sampling=SamplingParams(repetition_penalty=1.3)), {}),
-    "no-repeat-ngram": ({}, {"options": {"reference": {"no_repeat_ngram": 3}}}),
-    "logprobs": (dict(logprobs=2), {}),
+    "sampled": (dict(sampling=SamplingParams(temperature=0.8, seed=3)), {}, "sampled"),
+    "repetition-penalty": (dict(sampling=SamplingParams(repetition_penalty=1.3)), {}, "history"),
+    "no-repeat-ngram": ({}, {"options": {"reference": {"no_repeat_ngram": 3}}}, "history"),
+    "logprobs": (dict(logprobs=2), {}, "logprobs"),
 }
 
 
@@ -43,7 +43,7 @@ SETTINGS = {
 def test_other_generations_fall_back_to_the_sequential_loop(folder, setting):
     """One engine: greedy runs on the device, the setting's generation sequentially with the
     tokens of a sequential engine, and greedy on the device again after it."""
-    call, keys = SETTINGS[setting]
+    call, keys, reason = SETTINGS[setting]
     engine = device_engine(folder, proposer="ngram", spec_k=3, **keys)
     steps = guard_steps(engine.decoder.loop)
     sequential = reference_engine(folder, proposer="ngram", spec_k=3, **keys).generate(PROMPT, max_new_tokens=NEW,
@@ -54,6 +54,7 @@ def test_other_generations_fall_back_to_the_sequential_loop(folder, setting):
     steps.clear()
     fallback = engine.generate(PROMPT, max_new_tokens=NEW, **call)
     assert fallback.stats.decode_loop == "speculative-sequential" and not steps
+    assert reason in engine.decoder.choice.reason
     assert fallback.token_ids == sequential.token_ids
     assert fallback.stats.drafted_tokens == sequential.stats.drafted_tokens
     if setting != "no-repeat-ngram":
