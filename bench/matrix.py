@@ -48,7 +48,7 @@ class Part:
 
 
 GRAPH_CHAIN = ("eager", "eager-per-op", "no-fused-kernels", "no-fused-kernels-no-pipelining", "no-pipelining",
-               "no-fused-linears", "no-fused-attention-inputs", "norm-prologue", "no-pdl")
+               "no-fused-linears", "no-fused-attention-inputs", "no-pdl")
 REST = ("reference", "eager-per-op-dense-attention", "no-cuda-graphs", "torch-matmul", "eager-torch-matmul",
         "int8-kv", "int8-int8-kv", "ngram")
 BF16_PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled")
