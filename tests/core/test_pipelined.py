@@ -76,23 +76,35 @@ STOPS = {
 }
 
 
-def expected_run(folder, sampling: dict, stop: str) -> tuple[int | None, int, tileinfer.Generation]:
-    """The EOS and max_new_tokens of ``stop`` and the sequential generation with them."""
-    eos_kind, max_new = STOPS[stop]
-    base = build(folder, **sampling).generate(PROMPT, max_new_tokens=NEW).token_ids
-    eos, index = {"none": (None, None), "first": (base[0], 0), "later": first_seen_at_or_after(base, 5)}[eos_kind]
-    max_new = index + 1 if max_new is None else max_new
-    engine = build(folder, **sampling)
-    if eos is not None:
-        with_eos(engine, eos)
-    return eos, max_new, engine.generate(PROMPT, max_new_tokens=max_new)
+@pytest.fixture(scope="module")
+def expected_run(folder):
+    """``expected_run(sampling, stop)``: the EOS and max_new_tokens of ``stop`` and the sequential
+    generation with them (computed once per sampling and stop)."""
+    bases, runs = {}, {}
+
+    def run(sampling: str, stop: str) -> tuple[int | None, int, tileinfer.Generation]:
+        if (sampling, stop) not in runs:
+            eos_kind, max_new = STOPS[stop]
+            engine = build(folder, **SAMPLINGS[sampling])
+            if sampling not in bases:
+                bases[sampling] = engine.generate(PROMPT, max_new_tokens=NEW).token_ids
+            base = bases[sampling]
+            eos, index = {"none": (None, None), "first": (base[0], 0),
+                          "later": first_seen_at_or_after(base, 5)}[eos_kind]
+            max_new = index + 1 if max_new is None else max_new
+            if eos is not None:
+                with_eos(engine, eos)
+            runs[sampling, stop] = eos, max_new, engine.generate(PROMPT, max_new_tokens=max_new)
+        return runs[sampling, stop]
+
+    return run
 
 
 @pytest.mark.parametrize("stop", STOPS)
 @pytest.mark.parametrize("replayed", [False, True], ids=["eager", "replayed"])
 @pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_pipelined_gives_the_sequential_tokens(folder, sampling, replayed, stop):
-    eos, max_new, sequential = expected_run(folder, SAMPLINGS[sampling], stop)
+def test_pipelined_gives_the_sequential_tokens(folder, expected_run, sampling, replayed, stop):
+    eos, max_new, sequential = expected_run(sampling, stop)
     engine = pipelined(build(folder, **SAMPLINGS[sampling]), replayed=replayed)
     if eos is not None:
         with_eos(engine, eos)
