@@ -2,6 +2,11 @@
 
     engine = tileinfer.Engine.from_config(model="path/to/Qwen3-0.6B")
     print(engine.generate("def fib(n):", max_new_tokens=32).text)
+
+Loading a model without an engine (what the draft and DFlash proposers do):
+``read_checkpoint(folder)`` reads its config, generation defaults and tokenizer once;
+``load_model(checkpoint, Implementations.of(config, registry), device=, dtype=, positions=)``
+builds it with a KV store of its own (``tileinfer.model_loader``).
 """
 
 from tileinfer.hookspecs import Implementation, hookimpl, hookspec
@@ -20,8 +25,21 @@ def __getattr__(name: str):
         from tileinfer import config
 
         return getattr(config, name)
+    if name in ("Checkpoint", "model_folder", "read_checkpoint", "shipped_model"):
+        from tileinfer import checkpoint
+
+        return getattr(checkpoint, name)
+    if name in ("Implementations", "ModelBundle", "load_model", "open_weights"):
+        from tileinfer import model_loader
+
+        return getattr(model_loader, name)
+    if name == "ResolvedConfig":
+        from tileinfer.resolution import ResolvedConfig
+
+        return ResolvedConfig
     raise AttributeError(f"module 'tileinfer' has no attribute {name!r}")
 
 
-__all__ = ["Chunk", "Config", "Engine", "Generation", "GenerationStats", "Implementation", "Option", "hookimpl",
-           "hookspec", "load_config", "resolve_config"]
+__all__ = ["Checkpoint", "Chunk", "Config", "Engine", "Generation", "GenerationStats", "Implementation",
+           "Implementations", "ModelBundle", "Option", "ResolvedConfig", "hookimpl", "hookspec", "load_config",
+           "load_model", "model_folder", "open_weights", "read_checkpoint", "resolve_config", "shipped_model"]

@@ -219,16 +219,15 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
     else:
         prompt = _read_stdin() if args.prompt == "-" else args.prompt
 
-    from tileinfer.config import resolve_config
-    from tileinfer.engine import Engine, model_folder
+    from tileinfer.engine import Engine
     from tileinfer.prompt import check_prompt
-    from tileinfer.registry import build_registry
+    from tileinfer.resolution import ResolvedConfig
 
-    # Everything about the prompt that needs no weights (UTF-8, empty, vocabulary, length) first.
-    registry = build_registry()
-    resolved = resolve_config(config, registry)
-    ids = check_prompt(resolved, model_folder(resolved), prompt, chat=args.chat)
-    engine = Engine(resolved, registry, progress=not args.quiet)
+    # Resolved once; everything about the prompt that needs no weights (UTF-8, empty, vocabulary,
+    # length) checked before the engine loads them.
+    resolved = ResolvedConfig.of(config)
+    ids = check_prompt(resolved, prompt, chat=args.chat)
+    engine = Engine(resolved, progress=not args.quiet)
     notices.show_held()  # after the engine was built: an error is the first line on stderr
     if args.json:
         result = engine.generate(ids)
@@ -292,18 +291,16 @@ def _plugins(args: argparse.Namespace, notices: _Notices) -> int:
 
 
 def _config(args: argparse.Namespace, notices: _Notices) -> int:
-    from tileinfer.config import resolve_config, to_yaml
-    from tileinfer.engine import model_folder
-    from tileinfer.sampling_defaults import fill_sampling
+    from tileinfer.config import to_yaml
+    from tileinfer.resolution import ResolvedConfig
 
-    loaded = _load(args)
-    resolved = resolve_config(loaded)
-    sys.stdout.write(to_yaml(resolved))
-    folder = model_folder(resolved)
-    filled, from_checkpoint = fill_sampling(loaded, folder)
+    resolved = ResolvedConfig.of(_load(args))
+    sys.stdout.write(to_yaml(resolved.config))
+    filled, checkpoint = resolved.null_sampling, resolved.checkpoint
     if filled:  # where the sampling values left null came from
+        from_checkpoint = [key for key in filled if key in checkpoint.sampling]
         rest = [key for key in filled if key not in from_checkpoint]
-        sys.stdout.write(f"# null in the config: {', '.join(filled)}; from {folder / 'generation_config.json'}: "
+        sys.stdout.write(f"# null in the config: {', '.join(filled)}; from {checkpoint.folder / 'generation_config.json'}: "
                          f"{', '.join(from_checkpoint) or 'none'}" + (f"; off: {', '.join(rest)}" if rest else "") + "\n")
     return 0
 

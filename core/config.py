@@ -2,11 +2,12 @@
 
 The schema is the ``Config`` dataclass (types only: the values live in default.yaml, the one
 place defaults are written). ``load_config`` merges the layers and checks the values that need no
-registry; ``resolve_config`` then resolves ``auto`` (device, dtype, implementations), validates
-every ``options.<name>`` against the options its implementation declares, and asks each chosen
-implementation whether it can run (``incompatibilities``). Both raise ConfigError listing the
-valid choices or the reasons; the engine and ``tileinfer config`` call the same two functions, so
-``tileinfer config`` accepts exactly what ``generate`` accepts (a prompt aside).
+registry; ``ResolvedConfig.of`` (``resolve_config``: its config) then resolves ``auto`` (device,
+dtype, implementations), validates every ``options.<name>`` against the options its implementation
+declares, and asks each chosen implementation whether it can run (``incompatibilities``). Both
+raise ConfigError listing the valid choices or the reasons; ``generate`` and ``tileinfer config``
+resolve once, through the same function, so ``tileinfer config`` accepts exactly what
+``generate`` accepts (a prompt aside).
 
 Values are taken literally: ``${...}`` is not interpolated anywhere (a folder may be named
 ``${HOME}``), and the model path is never parsed as YAML: ``model=VALUE`` takes VALUE verbatim
@@ -49,6 +50,7 @@ class Config:
     kv_store: str = MISSING
     sampler: str = MISSING
     proposer: str = MISSING
+    forward: str = MISSING
     max_new_tokens: int = MISSING
     temperature: Optional[float] = MISSING  # null: the checkpoint's generation_config.json (``sampling_defaults``)
     top_k: Optional[int] = MISSING
@@ -319,11 +321,12 @@ def check_sampling(values: Mapping[str, Any]) -> None:
 def resolve_config(config: Config, registry=None) -> Config:
     """``config`` with ``auto`` resolved (device, dtype, implementation names) and every chosen
     implementation's options filled in with their defaults; a ConfigError when an option is not
-    declared or has a bad value, or when a chosen implementation cannot run (its reasons)."""
-    from tileinfer.registry import build_registry
-    from tileinfer.resolution import resolve
+    declared or has a bad value, or when a chosen implementation cannot run (its reasons). The
+    ``config`` of ``ResolvedConfig.of(config, registry)``, which also keeps the checkpoint read
+    (an Engine built from that resolves and reads nothing again)."""
+    from tileinfer.resolution import ResolvedConfig
 
-    return resolve(config, registry or build_registry())
+    return ResolvedConfig.of(config, registry).config
 
 
 def options_of(config: Config, name: str, declared) -> dict[str, Any]:

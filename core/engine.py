@@ -12,33 +12,27 @@ Engine per concurrent user, or serialize the calls.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.resources
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
-from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource, load_config, resolve_config
-from tileinfer.decoding import Decoder
-from tileinfer.device_speculation import MAX_DRAFT, SpeculativeLoop, drafts_on_device
-from tileinfer.errors import ConfigError, UsageError
-from tileinfer.interfaces import KVGeometry, KVStore, Proposer, ProposerContext, SamplingParams
-from tileinfer.loading import CheckpointReader, resolve_quantize
-from tileinfer.memory import check_fits, tensor_bytes
-from tileinfer.model import Backend, Qwen3Model
-from tileinfer.model_config import ModelConfig
-from tileinfer.notices import notice
+from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource, load_config
+from tileinfer.decode_plan import DecodePlan
+from tileinfer.decoding import Decoder, build_decoder
+from tileinfer.errors import UsageError
+from tileinfer.interfaces import Proposer, ProposerContext, SamplingParams
+from tileinfer.memory import tensor_bytes
+from tileinfer.model_loader import Implementations, load_model
 from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
-from tileinfer.registry import Registry, build_registry
+from tileinfer.registry import Registry
 from tileinfer.sampling_step import TokenLogprob, check_logprobs
 from tileinfer.threads import cpu_threads
-from tileinfer.resolution import implementation_options, resolve_dtype
-from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps, cuda_graph_capture
-from tileinfer.tokenizer import StreamDecoder, Tokenizer
+from tileinfer.resolution import ResolvedConfig, implementation_options, resolve_dtype
+from tileinfer.steps import build_forward
+from tileinfer.tokenizer import StreamDecoder
 
 
 @dataclass
@@ -55,7 +49,7 @@ class GenerationStats:
     weight_bytes: int  # bytes of the loaded weights (INT8 linears: int8 rows and float32 scales)
     kv_bytes: int  # bytes of the KV pool
     kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
-    decode_loop: str = ""  # sequential, pipelined, speculative-sequential or speculative-device (tileinfer.decoding)
+    decode_loop: str = ""  # sequential, pipelined, speculative-sequential or speculative-device (decode_plan.LOOPS)
 
 
 @dataclass
@@ -84,27 +78,6 @@ class Generation:
         return out
 
 
-def model_folder(config: Config) -> Path:
-    """The checkpoint folder the config names (the shipped model when none), checked to exist."""
-    folder = Path(config.model) if config.model is not None else shipped_model()
-    if folder is None:
-        raise ConfigError("no model given: pass --model DIR or model=DIR (a Hugging Face Qwen3 checkpoint "
-                          "folder); the shipped model models/target is not installed (models/README.md)")
-    if not folder.is_dir():
-        raise ConfigError(f"model folder not found: {folder}")
-    return folder
-
-
-def shipped_model() -> Path | None:
-    """The small model trained for tileinfer (``tileinfer.models``: models/target in the
-    repository, installed with the package), if present."""
-    try:
-        folder = Path(str(importlib.resources.files("tileinfer.models") / "target"))
-    except ModuleNotFoundError:  # installed without its models
-        return None
-    return folder if (folder / "config.json").is_file() else None
-
-
 class Engine:
     """A loaded model with its KV store, sampler, (optional) proposer and decoder.
 
@@ -113,108 +86,60 @@ class Engine:
 
     ``progress``: when stderr is a terminal, a bar while the layers load and a line while a prompt
     of more than ``prefill_chunk`` tokens is prefilled (``tileinfer.prefill``); False: neither.
+
+    ``config``: a ``Config``, resolved here against ``registry`` (default: the built-in and
+    installed plugins), or a ``ResolvedConfig`` (``tileinfer.ResolvedConfig.of``), built from as it
+    is: its checkpoint's files are not read again, and its tokenizer is the engine's.
     """
 
-    def __init__(self, config: Config, registry: Registry | None = None, *, progress: bool = True) -> None:
+    def __init__(self, config: Config | ResolvedConfig, registry: Registry | None = None, *,
+                 progress: bool = True) -> None:
         # Everything a user can get wrong is checked before the weights are read.
-        self.registry = registry or build_registry()
+        if isinstance(config, ResolvedConfig):
+            if registry is not None and registry is not config.registry:
+                raise UsageError("a ResolvedConfig is built with the registry it was resolved with: pass no registry")
+            resolved = config
+        else:
+            resolved = ResolvedConfig.of(config, registry)
+        self.registry, self.config, self.checkpoint = resolved.registry, resolved.config, resolved.checkpoint
         self.progress = progress  # the loading bar, and a long prefill's progress line, on a terminal
-        config = resolve_config(config, self.registry)
-        self.config = config
-        self.folder = folder = model_folder(config)
+        config = self.config
+        self.folder, self.model_config = self.checkpoint.folder, self.checkpoint.config
         self.device = torch.device(config.device)
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(config.threads))
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.model_config = ModelConfig.from_folder(folder)
-        quantize = resolve_quantize(config.quantize, folder)  # an INT8 checkpoint: int8
-        config = self.config = dataclasses.replace(config, quantize=quantize)
-        options = {kind: implementation_options(config, kind, self.registry)
-                   for kind in ("linear", "attention", "kv_store", "sampler")}
-        backend = Backend(self.registry.get("linear", config.linear), self.registry.get("attention", config.attention),
-                          config.quantize, options["linear"], options["attention"])
-        self._size_pool()
-        self.tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
-        reader = CheckpointReader(folder, self.model_config, self.device, self.dtype)
-        self.model = Qwen3Model.build(self.model_config, reader.tensor, backend, progress=progress,
-                                      positions=self.num_pages * config.kv_page_size)
-        reader.close()
-        self.kv = self._build_kv(options["kv_store"])
+        self.tokenizer = self.checkpoint.tokenizer  # built (and checked) before any weight loads
+        self.capacity = min(config.kv_capacity, self.model_config.max_positions)
+        self.implementations = Implementations.of(config, self.registry)
+        bundle = load_model(self.checkpoint, self.implementations, device=self.device, dtype=self.dtype,
+                            positions=self.capacity, progress=progress)
+        self.model, self.kv = bundle.model, bundle.kv
         self.weight_bytes = tensor_bytes(self.model.embed, self.model.layers, self.model.lm_head,
                                          exclude=(self.model.rope,))
         self.kv_bytes = tensor_bytes(self.kv)
         self.default_sampling = SamplingParams(**{key: getattr(config, key) for key in SAMPLING_KEYS})
-        self.sampler = self.registry.get("sampler", config.sampler)(self.default_sampling, self.device,
-                                                                    options=options["sampler"])
+        self.sampler = self.registry.get("sampler", config.sampler)(
+            self.default_sampling, self.device, options=implementation_options(config, "sampler", self.registry))
         self.proposer: Proposer | None = None
         if config.proposer != "none":
             context = ProposerContext(self.model, self.sampler, config, self.registry,
-                                      implementation_options(config, "proposer", self.registry))
+                                      implementation_options(config, "proposer", self.registry), self.checkpoint)
             self.proposer = self.registry.get("proposer", config.proposer)(context)
         self.decoder = self._build_decoder()
         self._busy = threading.Lock()
 
-    def _size_pool(self) -> None:
-        """The pool's positions: ``kv_capacity``, at most the model's context, in whole pages; a
-        ConfigError before anything is allocated when a page is larger than that or the weights and
-        the pool do not fit in the free memory."""
-        mc, config = self.model_config, self.config
-        self.capacity = min(config.kv_capacity, mc.max_positions)
-        if config.kv_page_size > self.capacity:
-            raise ConfigError(f"kv_page_size ({config.kv_page_size}) is larger than the KV capacity ({self.capacity} "
-                              "positions): lower kv_page_size")
-        self.num_pages = -(-self.capacity // config.kv_page_size)
-        storage = self.registry.get("kv_store", config.kv_store).storage
-        check_fits(mc, device=self.device, dtype=self.dtype, quantize=config.quantize,
-                   positions=self.num_pages * config.kv_page_size, storage=storage)
-
-    def _build_kv(self, options: dict) -> KVStore:
-        mc, config = self.model_config, self.config
-        geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, config.kv_page_size, self.num_pages,
-                              self.dtype)
-        key_norms = [layer.attention.k_norm_weight for layer in self.model.layers]
-        return self.registry.get("kv_store", config.kv_store)(geometry, self.device, key_norm_weights=key_norms,
-                                                              options=options)
-
     def _build_decoder(self) -> Decoder:
-        """Eager or graphed steps (``cuda_graphs``), sequential or pipelined (``pipelined``): both
-        need a CUDA device. With a proposer, ``pipelined`` is the device-resident speculative loop
-        (``tileinfer.device_speculation``; its steps captured per draft length with
-        ``cuda_graphs``) when the proposer drafts on the device; the decoder takes it for greedy
-        generations without history-using penalties, the others decode sequentially. Each setting
-        that cannot apply says so in one line."""
-        config, cuda = self.config, self.device.type == "cuda"
-        gpu_only = [key for key in ("cuda_graphs", "pipelined") if getattr(config, key)]
-        if gpu_only and not cuda:
-            verb = "has" if len(gpu_only) == 1 else "have"
-            notice(f"{' and '.join(gpu_only)} {verb} no effect on device {self.device.type} (CUDA graphs and "
-                   "host/GPU overlap need a GPU)")
-        pipelined = config.pipelined and cuda
-        graphs = config.cuda_graphs and cuda
-        loop = None
-        if pipelined and self.proposer:
-            if not drafts_on_device(self.proposer):
-                notice(f"pipelined does not apply with proposer={config.proposer} (it drafts on the host only, "
-                       "which needs each verify result before it drafts); decoding sequentially")
-            elif config.spec_k > MAX_DRAFT:
-                notice(f"pipelined does not apply with spec_k={config.spec_k} (the device-resident loop verifies at "
-                       f"most {MAX_DRAFT + 1} tokens a step); decoding sequentially")
-            else:
-                k_values = range(1, config.spec_k + 1) if config.spec_adaptive else [config.spec_k]
-                loop = SpeculativeLoop(self.model, self.kv, self.proposer, k_values,
-                                       capture=cuda_graph_capture if graphs else None)
-        capture = self.proposer.hidden_layers if self.proposer else ()
-        if graphs:
-            steps = GraphedSteps(self.model, self.kv, capture)
-            with torch.inference_mode():
-                steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1) if self.proposer else [1])
-        else:
-            steps = EagerSteps(self.model, self.kv, capture)
+        """The decoder of the config's plan (``tileinfer.decode_plan.DecodePlan``: the strategy and
+        the host-sync policy, from ``pipelined``, ``cuda_graphs``, the proposer and the device; a
+        notice for each setting that cannot apply) over the target's ForwardPass (config key
+        ``forward``)."""
+        config = self.config
+        plan = DecodePlan.from_config(config, self.proposer, self.device)
         entry = self.registry.entry("sampler", config.sampler)
-        return Decoder(self.model, self.kv, self.sampler, steps, proposer=self.proposer, spec_k=config.spec_k,
-                       spec_adaptive=config.spec_adaptive, pipelined=pipelined, loop=loop,
-                       who=f"sampler={config.sampler} ({entry.origin})",
-                       prefill_chunk=config.prefill_chunk, progress=self.progress)
+        return build_decoder(plan, build_forward(self.model, config, self.registry), self.kv, self.sampler,
+                             who=f"sampler={config.sampler} ({entry.origin})", prefill_chunk=config.prefill_chunk,
+                             progress=self.progress)
 
     @classmethod
     def from_config(cls, *sources: ConfigSource, overrides: Sequence[str] = (), registry: Registry | None = None,

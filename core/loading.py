@@ -2,7 +2,7 @@
 straight to the target device, each checked against the shape config.json implies.
 
 A checkpoint whose config.json has a compressed-tensors W8A16 ``quantization_config``
-(``model_config.read_quantization``) may store each linear ``X`` as ``X.weight_packed`` (int32,
+(``model_config.quantization_of``) may store each linear ``X`` as ``X.weight_packed`` (int32,
 pack-quantized) or an int8 ``X.weight`` (naive-/int-quantized), with ``X.weight_scale`` (one scale
 per output channel) and optionally ``X.weight_shape``; ``tensor("X.weight")`` then serves an
 :class:`~tileinfer.quantize.Int8Weight`. Names, dtypes and shapes of those tensors are checked
@@ -32,15 +32,17 @@ class CheckpointReader:
 
     The constructor checks that the folder's files exist and that the set of tensor names is
     exactly what ``config`` needs; ``tensor(name)`` checks the shape, so no full host copy of the
-    model is ever made.
+    model is ever made. ``quantization``: the checkpoint's weight format (``"int8"`` or
+    ``"none"``; None: read from its config.json). A context manager: leaving it closes the files.
     """
 
-    def __init__(self, folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, folder: Path, config: ModelConfig, device: torch.device, dtype: torch.dtype, *,
+                 quantization: str | None = None) -> None:
         self.folder, self.config, self.device, self.dtype = folder, config, device, dtype
         self.expected = config.tensor_shapes()
         self._handles: dict[Path, object] = {}
         self.where = self._locate()  # tensor name -> file
-        self.quantization = read_quantization(folder)
+        self.quantization = read_quantization(folder) if quantization is None else quantization
         self.int8 = self._int8_layout()  # "X.weight" -> "packed" | "int8", for the quantized linears
         companions = {f"{n.removesuffix('.weight')}.{part}" for n in self.int8 for part in (PACKED, SCALE, SHAPE)}
         missing = [name for name in self.expected if name not in self.where and name not in self.int8]
@@ -190,6 +192,12 @@ class CheckpointReader:
     def close(self) -> None:
         self._handles.clear()
 
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def _device_name(device: torch.device) -> str:
     device = torch.device(device)
@@ -254,12 +262,11 @@ def _diagnose(file: Path) -> str | None:
     return None
 
 
-def resolve_quantize(requested: str, folder: Path) -> str:
-    """The ``quantize`` a run of the checkpoint in ``folder`` uses: ``auto`` takes the checkpoint's
-    (``int8`` for a compressed-tensors W8A16 checkpoint, else ``none``); ``int8`` quantizes a
-    model-dtype checkpoint at load; ``none`` with an INT8 checkpoint is a CheckpointError (its
-    weights exist only in INT8)."""
-    stored = read_quantization(folder)
+def resolve_quantize(requested: str, stored: str, folder: Path) -> str:
+    """The ``quantize`` a run of the checkpoint in ``folder``, whose weights are ``stored``
+    (``int8`` for a compressed-tensors W8A16 checkpoint, else ``none``), uses: ``auto`` takes the
+    checkpoint's; ``int8`` quantizes a model-dtype checkpoint at load; ``none`` with an INT8
+    checkpoint is a CheckpointError (its weights exist only in INT8)."""
     if requested == "auto":
         return stored
     if requested == "none" and stored == "int8":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tileinfer.errors import CheckpointError
@@ -57,15 +57,11 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: Path) -> "ModelConfig":
-        """config.json of ``folder``, with the EOS ids of generation_config.json where it has them."""
-        path = folder / "config.json"
-        if not path.is_file():
-            raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint folder?)")
-        raw = read_json(path)
-        config = cls.from_dict(raw, str(path))
-        generation = folder / "generation_config.json"
-        eos = _eos_ids(read_json(generation), str(generation), config.vocab_size) if generation.is_file() else ()
-        return replace(config, eos_token_ids=eos or config.eos_token_ids)
+        """config.json of ``folder``, with the EOS ids of generation_config.json where it has them
+        (``checkpoint.read_checkpoint``'s ``config``)."""
+        from tileinfer.checkpoint import read_checkpoint
+
+        return read_checkpoint(folder).config
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
@@ -121,7 +117,7 @@ class ModelConfig:
         if rope.get("rope_theta") is not None:  # newer transformers' (which wins, as there)
             theta = _number(rope["rope_theta"], "rope_parameters.rope_theta", source, low=1.0)
         vocab = key.integer("vocab_size")
-        eos = _eos_ids(raw, source, vocab)
+        eos = eos_ids(raw, source, vocab)
         return cls(
             vocab_size=vocab,
             hidden_size=hidden,
@@ -274,7 +270,7 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _eos_ids(raw, source: str, vocab: int) -> tuple[int, ...]:
+def eos_ids(raw, source: str, vocab: int) -> tuple[int, ...]:
     """eos_token_id of config.json or generation_config.json: null, an id or a list of ids, each in
     the vocabulary (an id outside it would never be sampled: generation would never stop)."""
     if not isinstance(raw, dict):

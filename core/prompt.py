@@ -2,8 +2,8 @@
 
 A prompt is text (a str, valid UTF-8; with ``chat``, wrapped in the checkpoint's chat template) or
 token ids (a sequence or 1-D tensor of ints in the vocabulary). ``check_prompt`` checks one from
-config.json and the tokenizer alone, so that the command line rejects a bad prompt before any
-weight loads; the engine runs the same checks on each call.
+the resolved config's checkpoint (config.json and the tokenizer) alone, so that the command line
+rejects a bad prompt before any weight loads; the engine runs the same checks on each call.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tileinfer.config import Config
 from tileinfer.errors import UsageError
-from tileinfer.model_config import ModelConfig
 from tileinfer.tokenizer import Tokenizer
 
 
@@ -84,13 +82,14 @@ def check_ids(ids: list[int], max_new: int, *, vocab: int, capacity: int, draft:
                          + f" needs {need} positions, more than {limit} ({capacity})")
 
 
-def check_prompt(config: Config, folder: Path, prompt: str | Sequence[int], *, chat: bool = False,
+def check_prompt(resolved, prompt: str | Sequence[int], *, chat: bool = False,
                  max_new_tokens: int | None = None) -> list[int]:
-    """Everything about a prompt that needs no weights, checked from the checkpoint ``folder``'s
-    config.json and tokenizer alone (so a bad prompt fails before a model loads): its token ids."""
-    mc = ModelConfig.from_folder(folder)
-    tokenizer = Tokenizer.from_folder(folder) if (folder / "tokenizer.json").is_file() else None
-    ids = prompt_ids(prompt, chat, tokenizer, folder)
+    """Everything about a prompt that needs no weights, checked from ``resolved`` (a
+    ``ResolvedConfig``) and its checkpoint's config and tokenizer alone (so a bad prompt fails
+    before a model loads): its token ids. The tokenizer built here is the one the engine uses."""
+    config, checkpoint = resolved.config, resolved.checkpoint
+    mc = checkpoint.config
+    ids = prompt_ids(prompt, chat, checkpoint.tokenizer, checkpoint.folder)
     capacity = min(config.kv_capacity, mc.max_positions)
     check_ids(ids, max_new_tokens_of(max_new_tokens, config.max_new_tokens), vocab=mc.vocab_size, capacity=capacity,
               draft=config.spec_k if config.proposer != "none" else 0, max_positions=mc.max_positions)

@@ -1,16 +1,19 @@
 """From a loaded config to the implementations a run uses: ``auto`` resolved, options validated,
 each chosen implementation asked whether it can run, and the KV capacity in positions (from the
-checkpoint's config.json and the free memory, before any weight loads). Called through
-``config.resolve_config``.
+checkpoint's config.json and the free memory, before any weight loads). ``resolve`` does it once
+and returns a ``ResolvedConfig``, which keeps the checkpoint it read for the engine to build from;
+``config.resolve_config`` returns its config alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from tileinfer.checkpoint import Checkpoint, model_folder, read_checkpoint
 from tileinfer.config import Config, options_of
 from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import KINDS
@@ -46,10 +49,31 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def resolve(config: Config, registry: Registry) -> Config:
-    """See ``config.resolve_config``."""
-    from tileinfer.engine import model_folder  # lazily: the engine imports the config
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """A config resolved once, with what resolving it read: what ``Engine`` builds from, and what
+    ``tileinfer config`` prints (the same checks, so it accepts exactly what ``generate`` does).
 
+    ``config``: ``auto`` resolved (device, dtype, implementations, ``kv_capacity``), options
+    filled in, the sampling keys left null filled; ``registry``: the one it was resolved with;
+    ``checkpoint``: the model folder, read once (``checkpoint.read_checkpoint``); ``null_sampling``:
+    the sampling keys the config left null (from generation_config.json, else off)."""
+
+    config: Config
+    registry: Registry
+    checkpoint: Checkpoint
+    null_sampling: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, config: Config, registry: Registry | None = None) -> "ResolvedConfig":
+        """``resolve(config, registry)``, with the built-in and installed plugins when no registry is given."""
+        from tileinfer.registry import build_registry
+
+        return resolve(config, registry or build_registry())
+
+
+def resolve(config: Config, registry: Registry) -> ResolvedConfig:
+    """See ``config.resolve_config`` (which returns the ``config`` of this)."""
     try:
         folder = model_folder(config)  # the folder exists (or the shipped model is installed), as generate checks it
     except (OSError, ValueError) as exc:  # a name too long, a NUL byte
@@ -58,7 +82,8 @@ def resolve(config: Config, registry: Registry) -> Config:
     dtype = resolve_dtype(config.dtype, device)
     _check_option_names(config, registry)
     kv_class = registry.get("kv_store", config.kv_store)
-    config = dataclasses.replace(config, quantize=resolve_quantize(config.quantize, folder))
+    checkpoint = read_checkpoint(folder)
+    config = dataclasses.replace(config, quantize=resolve_quantize(config.quantize, checkpoint.quantization, folder))
     base = RunSpec(device=device, dtype=dtype, quantize=config.quantize, kv_storage=kv_class.storage,
                    kv_page_size=config.kv_page_size)
     chosen: dict[str, str] = {}
@@ -80,10 +105,11 @@ def resolve(config: Config, registry: Registry) -> Config:
         if cls is not None and cls.declared_options:
             options.setdefault(name, {}).update(check_options(name, cls.declared_options,
                                                               options_of(config, name, cls.declared_options)))
-    capacity = resolve_capacity(config, ModelConfig.from_folder(folder), device, dtype, kv_class.storage)
-    sampling, _ = fill_sampling(config, folder)  # the sampling keys left null: generation_config.json's, else off
-    return dataclasses.replace(config, device=device.type, dtype=dtype_name(dtype), options=options,
-                               kv_capacity=capacity, **chosen, **sampling)
+    capacity = resolve_capacity(config, checkpoint.config, device, dtype, kv_class.storage)
+    sampling, _ = fill_sampling(config, checkpoint)  # the sampling keys left null: generation_config.json's, else off
+    resolved = dataclasses.replace(config, device=device.type, dtype=dtype_name(dtype), options=options,
+                                   kv_capacity=capacity, **chosen, **sampling)
+    return ResolvedConfig(resolved, registry, checkpoint, tuple(sampling))
 
 
 def resolve_capacity(config: Config, mc: ModelConfig, device: torch.device, dtype: torch.dtype, storage: str) -> int:
@@ -149,4 +175,5 @@ def implementation_options(config: Config, kind: str, registry: Registry) -> dic
     return check_options(name, cls.declared_options, options_of(config, name, cls.declared_options))
 
 
-__all__ = ["dtype_name", "implementation_options", "resolve", "resolve_capacity", "resolve_device", "resolve_dtype"]
+__all__ = ["ResolvedConfig", "dtype_name", "implementation_options", "resolve", "resolve_capacity", "resolve_device",
+           "resolve_dtype"]

@@ -31,9 +31,11 @@ def checkpoint_sampling(folder: Path) -> dict[str, Any]:
     with it); ``{}`` when the folder has no such file. CheckpointError naming the file and key for a
     value of the wrong type or range."""
     path = folder / "generation_config.json"
-    if not path.is_file():
-        return {}
-    raw = read_json(path)
+    return sampling_of(read_json(path), path) if path.is_file() else {}
+
+
+def sampling_of(raw: Any, path: Path) -> dict[str, Any]:
+    """:func:`checkpoint_sampling` of generation_config.json's value ``raw`` (read from ``path``)."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     do_sample = raw.get("do_sample", False)
@@ -57,15 +59,16 @@ def checkpoint_sampling(folder: Path) -> dict[str, Any]:
     return values
 
 
-def fill_sampling(config, folder: Path) -> tuple[dict[str, Any], list[str]]:
-    """The values of the keys ``config`` leaves null (the checkpoint's, else off), and which of them
-    came from generation_config.json."""
+def fill_sampling(config, checkpoint) -> tuple[dict[str, Any], list[str]]:
+    """The values of the keys ``config`` leaves null (``checkpoint.sampling``'s, else off, where
+    ``checkpoint`` is a ``tileinfer.checkpoint.Checkpoint``, read only when a key is null), and
+    which of them came from generation_config.json."""
     unset = [key for key in KEYS if getattr(config, key) is None]
     if not unset:
         return {}, []
-    checkpoint = checkpoint_sampling(folder)
-    filled = {key: checkpoint.get(key, OFF[key]) for key in unset}
-    return filled, [key for key in unset if key in checkpoint]
+    checkpoint_values = checkpoint.sampling
+    filled = {key: checkpoint_values.get(key, OFF[key]) for key in unset}
+    return filled, [key for key in unset if key in checkpoint_values]
 
 
-__all__ = ["KEYS", "OFF", "checkpoint_sampling", "fill_sampling"]
+__all__ = ["KEYS", "OFF", "checkpoint_sampling", "fill_sampling", "sampling_of"]

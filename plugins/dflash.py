@@ -39,10 +39,11 @@ from pathlib import Path
 
 import torch
 
+import tileinfer
 from tileinfer import hookimpl
 from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import Implementation
-from tileinfer.interfaces import DeviceSequence, Draft, KVGeometry, Proposer, ProposerContext, RunSpec
+from tileinfer.interfaces import DeviceSequence, Draft, Proposer, ProposerContext, RunSpec
 from tileinfer.options import Option
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
 from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
@@ -76,13 +77,9 @@ class DFlashProposer(Proposer):
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
-        from tileinfer.loading import CheckpointReader
-        from tileinfer.memory import check_fits
-        from tileinfer.model import Backend
         from tileinfer.plugins.dflash_model import DFlashDrafter
-        from tileinfer.resolution import implementation_options
 
-        config, registry, target = context.config, context.registry, context.target
+        config, target = context.config, context.target
         self.folder = folder = dflash_folder(self.options["model"], config)
         dc = DFlashConfig.from_folder(folder)
         dc.check_target(target.config, folder)
@@ -101,24 +98,18 @@ class DFlashProposer(Proposer):
 
             notice(f"the DFlash drafter's context ({dc.model.max_positions} positions) is shorter than the target's "
                    f"({target_positions}): no drafts past position {self.capacity - block}")
-        num_pages = -(-self.capacity // page)
-        kv_class = registry.get("kv_store", config.kv_store)
+        implementations = tileinfer.Implementations.of(config, context.registry)
+        positions = implementations.pool_positions(self.capacity)
         h = dc.model.hidden_size
-        check_fits(dataclasses.replace(dc.model, vocab_size=len(dc.target_layer_ids) * h, tie_word_embeddings=True),
-                   device=target.device, dtype=target.dtype, quantize=config.quantize, positions=num_pages * page,
-                   storage=kv_class.storage)  # fc [H, K*H] in the embedding's place
-        backend = Backend(registry.get("linear", config.linear), registry.get("attention", config.attention),
-                          config.quantize, implementation_options(config, "linear", registry),
-                          implementation_options(config, "attention", registry))
+        implementations.check_fits(  # fc [H, K*H] in the embedding's place
+            dataclasses.replace(dc.model, vocab_size=len(dc.target_layer_ids) * h, tie_word_embeddings=True),
+            device=target.device, dtype=target.dtype, positions=positions)
         head = target.embed if target.config.tie_word_embeddings else self._target_head()
-        reader = CheckpointReader(folder, dc, target.device, target.dtype)
-        self.model = DFlashDrafter.build(dc, reader.tensor, backend, embed=target.embed, head_weight=head,
-                                         positions=num_pages * page)
-        reader.close()
-        m = dc.model
-        geometry = KVGeometry(m.num_layers, m.num_kv_heads, m.head_dim, page, num_pages, target.dtype)
-        self.kv = kv_class(geometry, target.device, key_norm_weights=self.model.key_norm_weights(),
-                           options=implementation_options(config, "kv_store", registry))
+        with tileinfer.open_weights(folder, dc, device=target.device, dtype=target.dtype) as weights:
+            self.model = DFlashDrafter.build(dc, weights.tensor, implementations.backend(), embed=target.embed,
+                                             head_weight=head, positions=positions)
+        self.kv = implementations.kv(dc.model, device=target.device, dtype=target.dtype, positions=positions,
+                                     key_norm_weights=self.model.key_norm_weights())
         from tileinfer.plugins.dflash_steps import DFlashSteps
 
         graphs = target.device.type == "cuda" and config.cuda_graphs
@@ -131,15 +122,10 @@ class DFlashProposer(Proposer):
     def _target_head(self) -> torch.Tensor:
         """An untied target's lm_head weight, read again from its checkpoint (a Linear may keep its
         weight repacked or quantized; this costs one more [V, H] tensor)."""
-        from tileinfer.engine import model_folder
-        from tileinfer.loading import CheckpointReader
-
-        target = self.context.target
-        reader = CheckpointReader(model_folder(self.context.config), target.config, target.device, target.dtype)
-        try:
-            return reader.tensor("lm_head.weight")
-        finally:
-            reader.close()
+        target, context = self.context.target, self.context
+        checkpoint = context.checkpoint or tileinfer.read_checkpoint(tileinfer.model_folder(context.config))
+        with checkpoint.tensors(target.device, target.dtype) as weights:
+            return weights.tensor("lm_head.weight")
 
     # -- the Proposer interface -----------------------------------------------------------------
 

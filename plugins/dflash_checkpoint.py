@@ -10,8 +10,8 @@ Safetensors (one file, or shards with an index), names without the ``model.`` pr
 embedding or lm_head (both are the target's): ``fc.weight`` ``[H, K*H]``, ``hidden_norm.weight``,
 ``norm.weight``, and per layer ``layers.{i}.`` + the Qwen3 decoder layer's names
 (``self_attn.{q,k,v,o}_proj``, ``self_attn.{q,k}_norm``, ``mlp.{gate,up,down}_proj``,
-``{input,post_attention}_layernorm``). Read with tileinfer's ``CheckpointReader`` (shapes, NaN and
-inf, truncated files: one-line errors naming the file and tensor).
+``{input,post_attention}_layernorm``). Read with ``tileinfer.open_weights`` (shapes, NaN and inf,
+truncated files: one-line errors naming the file and tensor).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class DFlashConfig:
     target_layer_ids: tuple[int, ...]
     source: str = "config.json"
 
-    # What tileinfer's CheckpointReader reads of a config, besides tensor_shapes().
+    # What ``tileinfer.open_weights`` reads of a config, besides tensor_shapes().
     @property
     def num_layers(self) -> int:
         return self.model.num_layers
@@ -57,10 +57,6 @@ class DFlashConfig:
     @property
     def tie_word_embeddings(self) -> bool:
         return False
-
-    @property
-    def quantization(self) -> str:
-        return "none"
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """The checkpoint's tensor names (no ``model.`` prefix, no embedding, no lm_head) and shapes."""
@@ -94,7 +90,7 @@ class DFlashConfig:
             raise CheckpointError(f"{source}: dflash_config must be a JSON object, got {dflash!r}"[:200])
         # The drafter's stack is a Qwen3 decoder: the same keys, checked by the same code.
         model = ModelConfig.from_dict({**raw, "architectures": ["Qwen3ForCausalLM"]}, source)
-        if getattr(model, "quantization", "none") != "none":
+        if raw.get("quantization_config") is not None:
             raise CheckpointError(f"{source}: quantization_config: quantized DFlash drafters are not supported "
                                   "(quantize=int8 quantizes a drafter in the model dtype at load)")
         for key, neutral in NEUTRAL.items():

@@ -1,9 +1,9 @@
 """Plugin ``draft``: speculation by a smaller Qwen3 checkpoint with the target's vocabulary.
 
 ``proposer=draft`` loads a second checkpoint (``options.draft.model``; by default the shipped
-models/draft beside the shipped models/target) with tileinfer's own loader and model, built from
-the same linear and attention implementations as the target (with their options), on the target's
-device and dtype, with a KV store of its own (the run's ``kv_store``, pages of ``kv_page_size``).
+models/draft beside the shipped models/target) with ``tileinfer.load_model``, built from the same
+linear and attention implementations as the target (with their options), on the target's device
+and dtype, with a KV store of its own (the run's ``kv_store``, pages of ``kv_page_size``).
 
 It prefills its own cache on the prompt chunk by chunk as the target prefills it (``prompt_chunk``:
 one step of at most ``prefill_chunk`` tokens each), and on the first sampled token at ``start``.
@@ -15,16 +15,17 @@ under the target's sampling settings (``greedy=false``: ``Draft.probs`` is q, fo
 After the verify step it forgets the drafts the target rejected (``KVStore.truncate``): its cache
 always holds a prefix of the committed sequence.
 
-On a GPU with ``cuda_graphs`` its steps of up to 16 tokens (the catch-up and each drafted token)
-are replayed from CUDA graphs captured when it is built, as the target's are
-(``tileinfer.steps.GraphedSteps``); otherwise, and for its prefill chunks, they run eagerly.
+Every step runs through its own ForwardPass (config key ``forward``, as the target's). On a GPU
+with ``cuda_graphs`` its steps of up to 16 tokens (the catch-up and each drafted token) are
+replayed from CUDA graphs captured when it is built, as the target's are
+(``tileinfer.steps.StepRunner``); otherwise, and for its prefill chunks, they run eagerly.
 
 In the device loop (``tileinfer.device_speculation``, greedy generations) it drafts inside the
 loop's step with no host state: a catch-up step of 2 tokens, the sequence's last two (positions
 ``L - 2`` and ``L - 1``: after any step its cache holds the committed sequence up to at least
 ``L - 3``, and rewriting ``L - 2`` with its own token is harmless), then ``k - 1`` steps of one
-token, each argmax fed to the next on the device; its model called directly with the positions
-on the device (``Step.max_context``), inside the loop's graph. Its KV store is reserved for the
+token, each argmax fed to the next on the device; its ForwardPass called directly with the
+positions on the device (``Step.max_context``), inside the loop's graph. Its KV store is reserved for the
 whole generation when the loop starts; the drafts the target rejects lie past the next catch-up.
 """
 
@@ -34,13 +35,14 @@ from pathlib import Path
 
 import torch
 
+import tileinfer
 from tileinfer import hookimpl
-from tileinfer.errors import ConfigError
+from tileinfer.errors import ConfigError, TileinferError
 from tileinfer.hookspecs import Implementation
-from tileinfer.interfaces import DeviceSequence, Draft, KVGeometry, Proposer, ProposerContext, RunSpec, Step
+from tileinfer.interfaces import DeviceSequence, Draft, Proposer, ProposerContext, RunSpec, Step
 from tileinfer.options import Option
 from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
-from tileinfer.steps import MAX_GRAPH_TOKENS, EagerSteps, GraphedSteps
+from tileinfer.steps import MAX_GRAPH_TOKENS, StepRunner, build_forward, cuda_graph_capture
 
 
 def draft_folder(model: str, config) -> Path:
@@ -51,17 +53,15 @@ def draft_folder(model: str, config) -> Path:
                            missing="the shipped draft models/draft is not installed")
 
 
-def _same_tokenizer(a: Path, b: Path) -> bool:
-    """Whether two tokenizer.json files map the same strings to the same ids."""
-    if a.read_bytes() == b.read_bytes():
-        return True
-    from tokenizers import Tokenizer
-
+def _same_tokenizer(draft: "tileinfer.Checkpoint", target: "tileinfer.Checkpoint") -> bool:
+    """Whether two checkpoints' tokenizers map the same strings to the same ids (true when either
+    has none); an unreadable draft tokenizer is a mismatch."""
     try:
-        return (Tokenizer.from_file(str(a)).get_vocab(with_added_tokens=True)
-                == Tokenizer.from_file(str(b)).get_vocab(with_added_tokens=True))
-    except Exception:  # noqa: BLE001 - an unreadable tokenizer is a mismatch, reported as one
+        mine = draft.tokenizer
+    except TileinferError:
         return False
+    theirs = target.tokenizer
+    return mine is None or theirs is None or mine.vocab() == theirs.vocab()
 
 
 class DraftModelProposer(Proposer):
@@ -77,23 +77,16 @@ class DraftModelProposer(Proposer):
     @classmethod
     def incompatibilities(cls, run: RunSpec) -> list[str]:
         """What can be checked without the target: the draft folder, when named, is a Qwen3 checkpoint."""
-        from tileinfer.model_config import ModelConfig
-
         return folder_problems(run.options["model"], proposer="draft", noun="draft model",
-                               read=ModelConfig.from_folder)
+                               read=tileinfer.read_checkpoint)
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
-        from tileinfer.loading import CheckpointReader, read_quantization
-        from tileinfer.memory import check_fits
-        from tileinfer.model import Backend, Qwen3Model
-        from tileinfer.model_config import ModelConfig
-        from tileinfer.resolution import implementation_options
-
-        config, registry, target = context.config, context.registry, context.target
+        config, target = context.config, context.target
         self.folder = folder = draft_folder(self.options["model"], config)
-        mc = ModelConfig.from_folder(folder)
-        self._check_matches_target(mc, folder)
+        checkpoint = tileinfer.read_checkpoint(folder)
+        mc = checkpoint.config
+        self._check_matches_target(checkpoint)
         # The draft caches what the target does (prompt, committed tokens, drafts), up to its own context.
         page = config.kv_page_size
         target_positions = min(config.kv_capacity, target.config.max_positions)
@@ -107,39 +100,25 @@ class DraftModelProposer(Proposer):
 
             notice(f"the draft model's context ({mc.max_positions} positions) is shorter than the target's "
                    f"({target_positions}): no drafts past position {self.capacity}")
-        num_pages = -(-self.capacity // page)
-        kv_class = registry.get("kv_store", config.kv_store)
-        quantize = "int8" if read_quantization(folder) == "int8" else config.quantize  # an INT8 draft stays INT8
-        check_fits(mc, device=target.device, dtype=target.dtype, quantize=quantize,
-                   positions=num_pages * page, storage=kv_class.storage)
-        backend = Backend(registry.get("linear", config.linear), registry.get("attention", config.attention),
-                          quantize, implementation_options(config, "linear", registry),
-                          implementation_options(config, "attention", registry))
-        reader = CheckpointReader(folder, mc, target.device, target.dtype)
-        self.model = Qwen3Model.build(mc, reader.tensor, backend, progress=False, positions=num_pages * page)
-        reader.close()
-        geometry = KVGeometry(mc.num_layers, mc.num_kv_heads, mc.head_dim, page, num_pages, target.dtype)
-        self.kv = kv_class(geometry, target.device, key_norm_weights=[l.attention.k_norm_weight for l in self.model.layers],
-                           options=implementation_options(config, "kv_store", registry))
-        if target.device.type == "cuda" and config.cuda_graphs:
-            self.steps = GraphedSteps(self.model, self.kv)
-            with torch.inference_mode():  # the catch-up (1-2 tokens, more after a rollback) and the drafts' steps
-                self.steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1))
-        else:
-            self.steps = EagerSteps(self.model, self.kv)
+        bundle = tileinfer.load_model(checkpoint, tileinfer.Implementations.of(config, context.registry),
+                                      device=target.device, dtype=target.dtype, positions=self.capacity)
+        self.model, self.kv = bundle.model, bundle.kv  # an INT8 draft checkpoint runs INT8
+        graphs = target.device.type == "cuda" and config.cuda_graphs
+        self.forward = build_forward(self.model, config, context.registry)
+        self.steps = StepRunner(self.forward, self.kv, capture=cuda_graph_capture if graphs else None, prefill=False)
+        with torch.inference_mode():  # the catch-up (1-2 tokens, more after a rollback) and the drafts' steps
+            self.steps.capture(range(1, min(config.spec_k + 1, MAX_GRAPH_TOKENS) + 1))
         self._cached: list[int] = []  # the tokens whose keys and values the draft's KV store holds
         self._committed = 0  # how many of them the target has committed
         self._next: torch.Tensor | None = None  # logits [V] after the last cached token, if computed
 
-    def _check_matches_target(self, mc, folder: Path) -> None:
-        from tileinfer.engine import model_folder
-
-        target = self.context.target.config
+    def _check_matches_target(self, checkpoint: "tileinfer.Checkpoint") -> None:
+        mc, folder, target = checkpoint.config, checkpoint.folder, self.context.target.config
         if mc.vocab_size != target.vocab_size:
             raise ConfigError(f"the draft model {folder} has vocab_size {mc.vocab_size}, the target "
                               f"{target.vocab_size}: a draft model needs the target's vocabulary")
-        mine, theirs = folder / "tokenizer.json", model_folder(self.context.config) / "tokenizer.json"
-        if mine.is_file() and theirs.is_file() and not _same_tokenizer(mine, theirs):
+        theirs = self.context.checkpoint or tileinfer.read_checkpoint(tileinfer.model_folder(self.context.config))
+        if not _same_tokenizer(checkpoint, theirs):
             raise ConfigError(f"the draft model {folder} has another tokenizer than the target (tokenizer.json "
                               "differs): a draft model needs the target's vocabulary")
 
@@ -155,7 +134,7 @@ class DraftModelProposer(Proposer):
             return  # past the draft's context: start() finds the prompt too long and drafts nothing
         self.kv.reserve(start + len(tokens))
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.model.device)
-        self.model.forward(ids, Step.at(start, len(tokens), self.model.device), self.kv, last_only=True)
+        self.forward(ids, Step.at(start, len(tokens), self.model.device), self.kv, last_only=True)
         self._cached += tokens
 
     @torch.inference_mode()
@@ -231,11 +210,11 @@ class DraftModelProposer(Proposer):
         device, capacity = self.model.device, self.kv.capacity
         positions = seq.length - 2 + torch.arange(2, dtype=torch.int64, device=device)
         ids = seq.tokens.index_select(0, positions).clamp(min=0)
-        logits, _ = self.model.forward(ids, Step(0, 2, positions, max_context=capacity), self.kv, last_only=True)
+        logits, _ = self.forward(ids, Step(0, 2, positions, max_context=capacity), self.kv, last_only=True)
         picks = [logits[-1].argmax(-1, keepdim=True)]
         for i in range(1, k):  # draft i + 1 after draft i, fed at position L - 1 + i
             step = Step(0, 1, seq.length - 1 + i, max_context=capacity)
-            logits, _ = self.model.forward(picks[-1], step, self.kv)
+            logits, _ = self.forward(picks[-1], step, self.kv)
             picks.append(logits[-1].argmax(-1, keepdim=True))
         return torch.cat(picks)
 
@@ -252,7 +231,7 @@ class DraftModelProposer(Proposer):
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.model.device)
         if start == 0 or len(tokens) > MAX_GRAPH_TOKENS:  # a prefill: only the last row of logits is needed
             step = Step.at(start, len(tokens), self.model.device)
-            logits, _ = self.model.forward(ids, step, self.kv, last_only=True)
+            logits, _ = self.forward(ids, step, self.kv, last_only=True)
         else:  # the logits may be a graph's static output: read before the next step of as many tokens
             logits, _ = self.steps.forward(ids, start)
         self._cached += tokens

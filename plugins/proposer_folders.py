@@ -12,7 +12,7 @@ from tileinfer.errors import ConfigError, TileinferError
 
 def shipped_sibling(name: str) -> Path | None:
     """models/``name`` beside the shipped target, if installed (it holds a config.json)."""
-    from tileinfer.engine import shipped_model
+    from tileinfer import shipped_model
 
     target = shipped_model()
     folder = target.parent / name if target is not None else None
@@ -21,7 +21,7 @@ def shipped_sibling(name: str) -> Path | None:
 
 def is_shipped_target(config) -> bool:
     """Whether the run's target (``config.model``; None: the default) is the shipped model."""
-    from tileinfer.engine import shipped_model
+    from tileinfer import shipped_model
 
     target = shipped_model()
     if config.model is None:

@@ -84,6 +84,7 @@ class KVStore(Pluggable, ABC):
         self._free = list(range(geometry.num_pages))
         self._pages: list[int] = []
         self.length = 0  # positions of the sequence that are (or, during a step, will be) cached
+        self._workspace: tuple[torch.Tensor, ...] = ()
 
     @property
     def page_size(self) -> int:
@@ -124,6 +125,15 @@ class KVStore(Pluggable, ABC):
     def reset(self) -> None:
         """Drop the whole sequence (start of a new generation)."""
         self.truncate(0)
+
+    def workspace(self, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two flat buffers of at least ``numel`` elements of ``dtype`` on the store's device, for
+        an attention's dense copies of one layer's keys and values. Owned by the store and reused
+        by every layer and step of its sequence (one step runs at a time): valid until the next call."""
+        buffers = self._workspace
+        if not buffers or buffers[0].numel() < numel or buffers[0].dtype != dtype:
+            buffers = self._workspace = tuple(torch.empty(numel, dtype=dtype, device=self.device) for _ in range(2))
+        return buffers
 
     @abstractmethod
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ import torch
 from tileinfer.interfaces.pluggable import Pluggable
 
 if TYPE_CHECKING:
+    from tileinfer.checkpoint import Checkpoint
     from tileinfer.config import Config
     from tileinfer.interfaces.sampler import Sampler
     from tileinfer.model import Qwen3Model
@@ -57,14 +58,17 @@ class DeviceSequence:
 @dataclass
 class ProposerContext:
     """What a proposer may use: the target model (its embedding, lm_head, config), the target's
-    sampler, the run's resolved config, the registry (to build a model and KV store of its own) and
-    its own options (validated, defaults filled in)."""
+    sampler, the run's resolved config, the registry (to build a model and KV store of its own:
+    ``tileinfer.Implementations.of(config, registry)``, ``tileinfer.load_model``), its own options
+    (validated, defaults filled in) and the target's checkpoint (its folder, tokenizer and
+    tensors, read once; None when a caller builds a proposer without one)."""
 
     target: "Qwen3Model"
     sampler: "Sampler"
     config: "Config"
     registry: "Registry"
     options: dict[str, Any] = field(default_factory=dict)
+    checkpoint: "Checkpoint | None" = None
 
 
 class Proposer(Pluggable, ABC):
@@ -132,7 +136,7 @@ class Proposer(Pluggable, ABC):
         """``[k]`` int64 drafts to follow ``seq.tokens[:seq.length]``, on the device; -1 where there
         is none (nothing from the first -1 on is verified). Captured once per ``k``: device work
         only, fixed shapes; a model forward inside it takes a ``Step`` with device positions and
-        ``max_context`` (as ``tileinfer.steps.GraphedSteps._step``)."""
+        ``max_context`` (as ``tileinfer.steps.StepRunner._step``)."""
         raise NotImplementedError(f"{type(self).__name__} does not draft on the device")
 
     def accept_on_device(self, seq: DeviceSequence, committed: torch.Tensor,

@@ -108,9 +108,9 @@ def test_unknown_key_and_unknown_name(tiny_checkpoint):
 def test_bad_options_fail_before_loading(tiny_checkpoint, monkeypatch):
     """Every option is typed and checked, and each chosen implementation says why it cannot run,
     before a weight is read."""
-    import tileinfer.engine
+    import tileinfer.checkpoint
 
-    monkeypatch.setattr(tileinfer.engine, "CheckpointReader", None)  # loading would raise TypeError
+    monkeypatch.setattr(tileinfer.checkpoint, "CheckpointReader", None)  # loading would raise TypeError
     cases = {
         "options.ngram.n_max=abc": "options.ngram.n_max=abc is not valid: expected an integer",
         "options.ngram.n_max=0": "options.ngram.n_max=0 is not valid: must be >= 1",
@@ -183,17 +183,15 @@ def test_text_prompt_without_a_tokenizer(copy_of):
 
 def test_no_model_and_no_shipped_model(monkeypatch):
     """An install without the shipped models (their folder gone) and no --model: a clear error."""
-    import tileinfer.engine
+    import tileinfer.checkpoint
 
-    monkeypatch.setattr(tileinfer.engine, "shipped_model", lambda: None)
+    monkeypatch.setattr(tileinfer.checkpoint, "shipped_model", lambda: None)
     with pytest.raises(ConfigError, match="no model given.*models/target is not installed"):
         tileinfer.Engine.from_config(overrides=BASE, progress=False)
 
 
 def test_no_model_given_uses_the_shipped_target():
-    from tileinfer.engine import shipped_model
-
-    folder = shipped_model()
+    folder = tileinfer.shipped_model()
     assert folder is not None and (folder / "config.json").is_file()  # models/target is committed
     engine = tileinfer.Engine.from_config(overrides=BASE, progress=False)
     assert engine.model_config.num_layers == 6 and engine.model_config.vocab_size == 8192

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tileinfer
-from tileinfer.decoding import Decoder
+from device_loop import rebuild
+from tileinfer.decode_plan import DecodePlan
 from tileinfer.errors import ConfigError, NumericsError, UsageError
 from tileinfer.prompt import check_prompt
 
@@ -117,10 +118,10 @@ def test_concurrent_generations_from_threads_never_mix(engine):
 
 
 def test_a_run_that_does_not_fit_in_memory_fails_before_loading(tiny_checkpoint, monkeypatch):
-    import tileinfer.engine
+    import tileinfer.checkpoint
     import tileinfer.memory
 
-    monkeypatch.setattr(tileinfer.engine, "CheckpointReader", None)  # loading would raise TypeError
+    monkeypatch.setattr(tileinfer.checkpoint, "CheckpointReader", None)  # loading would raise TypeError
     monkeypatch.setattr(tileinfer.memory, "free_bytes", lambda device: 10_000)
     with pytest.raises(ConfigError, match=r"the run needs .* GiB on cpu \(weights .* KV pool .* for 512 "
                                           r"positions\), more than the 0.0 GiB free; lower kv_capacity"):
@@ -137,16 +138,17 @@ def test_a_page_larger_than_the_capacity_is_refused(tiny_checkpoint, checkpoint_
 
 def test_the_prompt_is_checked_from_the_folder_alone(tiny_checkpoint, monkeypatch):
     """What the command line runs before loading any weight."""
-    import tileinfer.loading
+    import tileinfer.checkpoint
 
-    monkeypatch.setattr(tileinfer.loading, "CheckpointReader", None)
-    config = tileinfer.load_config(overrides=["kv_capacity=64", "max_new_tokens=8"])
-    assert check_prompt(config, tiny_checkpoint, [1, 2, 3]) == [1, 2, 3]
-    assert check_prompt(config, tiny_checkpoint, "def f():")  # text through the tokenizer
+    monkeypatch.setattr(tileinfer.checkpoint, "CheckpointReader", None)
+    resolved = tileinfer.ResolvedConfig.of(tileinfer.load_config(
+        overrides=[f"model={tiny_checkpoint}", "device=cpu", "kv_capacity=64", "max_new_tokens=8"]))
+    assert check_prompt(resolved, [1, 2, 3]) == [1, 2, 3]
+    assert check_prompt(resolved, "def f():")  # text through the tokenizer
     for prompt, message in (("", "empty"), ("\udcff", "not valid UTF-8"), ([400], "outside the vocabulary"),
                             (list(range(60)), r"needs 68 positions, more than kv_capacity \(64\)")):
         with pytest.raises(UsageError, match=message):
-            check_prompt(config, tiny_checkpoint, prompt)
+            check_prompt(resolved, prompt)
 
 
 # -- non-finite logits ---------------------------------------------------------------------------
@@ -170,7 +172,7 @@ def test_nothing_is_sampled_from_non_finite_logits(tiny_checkpoint, keys):
 
 def test_pipelined_decoding_stops_at_non_finite_logits_without_feeding_a_bad_id(tiny_checkpoint):
     engine = build(tiny_checkpoint)
-    engine.decoder = Decoder(engine.model, engine.kv, engine.sampler, engine.decoder.steps, pipelined=True)
+    rebuild(engine, DecodePlan("plain", ahead=True))
     good = engine.generate(PROMPT, max_new_tokens=4).token_ids
     poison_lm_head(engine)
     with pytest.raises(NumericsError, match="not finite"):

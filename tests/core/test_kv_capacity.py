@@ -13,7 +13,7 @@ import torch
 import yaml
 
 import tileinfer
-import tileinfer.engine
+import tileinfer.checkpoint
 import tileinfer.memory
 from conftest import REFERENCE_CPU, reference_engine, run_cli
 from tileinfer.config import load_config, resolve_config
@@ -51,7 +51,7 @@ def free(monkeypatch):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Loading a weight fails the test: what is checked must be checked before."""
-    monkeypatch.setattr(tileinfer.engine, "CheckpointReader", None)
+    monkeypatch.setattr(tileinfer.checkpoint, "CheckpointReader", None)
 
 
 def config_of(capsys, *items: str) -> tuple[dict, str]:

@@ -63,6 +63,8 @@ def test_the_default_layer_rule_and_the_block_inside_dflash_config():
     (lambda c: c.update(architectures=["Qwen3ForCausalLM"]), "is not a DFlash drafter"),
     (lambda c: c["dflash_config"].update(causal=True), "causal=True is not supported"),
     (lambda c: c.update(head_dim=7), "head_dim 7 must be even"),
+    (lambda c: c.update(quantization_config={"quant_method": "compressed-tensors"}),
+     "quantized DFlash drafters are not supported"),
 ])
 def test_bad_drafter_configs_are_one_line_errors(tmp_path, edit, match):
     folder = make_dflash(tmp_path / "d", config_edit=edit)
