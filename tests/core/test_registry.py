@@ -176,17 +176,17 @@ def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, 
 
 
 def _readme_block(language: str, first_line: str) -> str:
-    text = (Path(__file__).parents[2] / "README.md").read_text()
+    text = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text()
     for block in text.split("```" + language + "\n")[1:]:
         block = block.split("```")[0]
         if block.startswith(first_line):
             return block
-    raise AssertionError(f"no {language} block starting with {first_line!r} in README.md")
+    raise AssertionError(f"no {language} block starting with {first_line!r} in docs/plugins.md")
 
 
 def test_the_readme_plugin_example_is_the_tested_package():
-    """The README's plugin example is the demo package these tests install, file for file, so it
-    works when pasted."""
+    """The plugin example of docs/plugins.md is the demo package these tests install, file for
+    file, so it works when pasted."""
     plugin = (DEMO / "tileinfer_demo_sampler" / "plugin.py").read_text()
     assert _readme_block("python", "# my_sampler/plugin.py\n") == "# my_sampler/plugin.py\n" + plugin
     pyproject = (DEMO / "pyproject.toml").read_text()

@@ -1,1 +1,1 @@
-"""A tileinfer plugin package: the README's example, installed and used by the tests."""
+"""A tileinfer plugin package: the example of docs/plugins.md, installed and used by the tests."""
