@@ -20,9 +20,9 @@ from typing import Any, Mapping
 
 import torch
 
-from tileinfer.errors import CheckpointError, ConfigError
+from tileinfer.errors import ConfigError
 from tileinfer.loading import CheckpointReader
-from tileinfer.model_config import ModelConfig, eos_ids, quantization_of, read_json
+from tileinfer.model_config import ModelConfig, eos_ids, read_config, read_json
 from tileinfer.sampling_defaults import sampling_of
 from tileinfer.tokenizer import Tokenizer
 
@@ -70,12 +70,7 @@ def read_checkpoint(folder: str | PathLike) -> Checkpoint:
     (CheckpointError naming the file and key otherwise); the tokenizer and the weights are read
     when asked for."""
     folder = Path(folder)
-    path = folder / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint folder?)")
-    raw = read_json(path)
-    config = ModelConfig.from_dict(raw, str(path))
-    quantization = quantization_of(raw, str(path))
+    _, config, quantization = read_config(folder)
     generation_path = folder / GENERATION_CONFIG
     generation = read_json(generation_path) if generation_path.is_file() else None
     if generation is not None:

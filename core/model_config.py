@@ -137,16 +137,20 @@ class ModelConfig:
 QUANT_FORMATS = ("pack-quantized", "naive-quantized", "int-quantized")  # int8 weights: packed int32, or plain int8
 
 
-def read_quantization(folder: Path) -> str:
-    """The weight format of the checkpoint in ``folder``: ``"int8"`` when its config.json has a
-    supported ``quantization_config`` (:func:`quantization_of`), else ``"none"``."""
+def read_config(folder: Path) -> tuple[dict, ModelConfig, str]:
+    """config.json of ``folder``, read once: its JSON object, the ModelConfig it gives (without
+    generation_config.json's EOS ids) and the weight format (:func:`quantization_of`)."""
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint folder?)")
     raw = read_json(path)
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {_kind(raw)}")
-    return quantization_of(raw, str(path))
+    return raw, ModelConfig.from_dict(raw, str(path)), quantization_of(raw, str(path))
+
+
+def read_quantization(folder: Path) -> str:
+    """The weight format of the checkpoint in ``folder``: ``"int8"`` when its config.json has a
+    supported ``quantization_config`` (:func:`quantization_of`), else ``"none"``."""
+    return read_config(folder)[2]
 
 
 def quantization_of(raw: dict, source: str) -> str:

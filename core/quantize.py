@@ -131,17 +131,12 @@ def quantize_checkpoint(model: Path, out: Path, *, progress: bool = False) -> Pa
 
     from tileinfer.errors import CheckpointError, UsageError
     from tileinfer.loading import CheckpointReader
-    from tileinfer.model_config import ModelConfig, quantization_of, read_json
+    from tileinfer.model_config import read_config
 
     model, out = Path(model), Path(out)
-    path = model / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (not a Hugging Face checkpoint folder?)")
-    raw = read_json(path)
-    mc = ModelConfig.from_dict(raw, str(path))
-    stored = quantization_of(raw, str(path))
+    raw, mc, stored = read_config(model)
     if stored != "none":
-        raise UsageError(f"{path}: the checkpoint is already quantized ({stored})")
+        raise UsageError(f"{model / 'config.json'}: the checkpoint is already quantized ({stored})")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: exists and is not an empty folder")
     dtype = {"float16": torch.float16, "float32": torch.float32}.get(raw.get("torch_dtype") or raw.get("dtype"),
