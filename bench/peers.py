@@ -22,7 +22,7 @@ The INT8 weight-only peers (the matrix's parts 7 and 8 measure them beside our `
 - ``engine-compiled-int8``: ``engine-compiled`` with ``quantize=int8`` on the reference linear,
   gpt-fast's int8 weight-only: int8 weights with one float32 scale per output channel, the
   forward converting them to the activation dtype for one matmul (float32 accumulation) and
-  scaling its output (backends/reference/linear_int8.py), compiled as above;
+  scaling its output (backends/reference/linear.py), compiled as above;
 - ``hf-torchao-int8``: ``hf-static-compile`` with torchao's ``quantize_(model,
   Int8WeightOnlyConfig())`` applied to the model on the device (every ``nn.Linear``, the lm_head
   included: int8 weights, one scale per output channel; the embedding stays BF16). Where torchao

@@ -34,7 +34,6 @@ VARIANTS: dict[str, list[str]] = {
     "no-fused-kernels-no-pipelining": [*PER_OP, "pipelined=false"],
     "no-fused-linears": NO_FUSED_LINEARS,
     "no-fused-attention-inputs": NO_FUSED_INPUTS,
-    "norm-prologue": ["options.triton.norm_prologue=true"],  # the RMSNorm in the GEMV's prologue (not kept)
     "no-cuda-graphs": ["cuda_graphs=false"],
     "no-pipelining": ["pipelined=false"],
     "no-pdl": ["options.triton.pdl=false"],  # no programmatic dependent launch

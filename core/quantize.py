@@ -12,7 +12,7 @@ Format (compressed-tensors, strategy ``channel``, symmetric, 8 bits; config.json
 - ``X.weight_shape``: int64 ``[2]`` = ``(out, in)``.
 
 ``tileinfer quantize --model DIR --out DIR`` writes every projection of every layer (and an untied
-lm_head) this way, quantized by ``backends/reference/linear_int8.quantize_int8`` (absmax / 127 per
+lm_head) this way, quantized by ``backends/reference/linear.quantize_int8`` (absmax / 127 per
 row); the embedding, the norms and a tied lm_head stay in the checkpoint's dtype.
 """
 
@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 from torch.utils._pytree import tree_map
 
-from tileinfer.backends.reference.linear_int8 import quantize_int8
+from tileinfer.backends.reference.linear import quantize_int8
 
 PACKED, SCALE, SHAPE = "weight_packed", "weight_scale", "weight_shape"
 COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
@@ -82,6 +84,17 @@ def int8_of(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_int8(weight)
 
 
+def unquantized(weight: torch.Tensor) -> tuple[torch.Tensor, None]:
+    """``(weight, None)`` for a Linear with ``quantize=none``: the weight as it is (contiguous)."""
+    return weight.contiguous(), None
+
+
+# The weight formats of a Linear (its ``quantize``): what each stores for a checkpoint weight, as the
+# ``(weight, scale)`` the backends' ``linear(x, weight, scale)`` takes (scale None: the model dtype).
+WEIGHT_FORMATS: Mapping[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]] = MappingProxyType(
+    {"none": unquantized, "int8": int8_of})
+
+
 # -- the pack-quantized layout ---------------------------------------------------------------------
 
 
@@ -131,17 +144,18 @@ def quantize_checkpoint(model: Path, out: Path, *, progress: bool = False) -> Pa
 
     from tileinfer.errors import CheckpointError, UsageError
     from tileinfer.loading import CheckpointReader
-    from tileinfer.model_config import read_config
+    from tileinfer.model_config import ModelConfig, read_json, read_quantization
 
     model, out = Path(model), Path(out)
-    raw, mc, stored = read_config(model)
-    if stored != "none":
-        raise UsageError(f"{model / 'config.json'}: the checkpoint is already quantized ({stored})")
+    mc = ModelConfig.from_folder(model)
+    if read_quantization(model) != "none":
+        raise UsageError(f"{model / 'config.json'}: the checkpoint is already quantized ({read_quantization(model)})")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: exists and is not an empty folder")
+    raw = read_json(model / "config.json")
     dtype = {"float16": torch.float16, "float32": torch.float32}.get(raw.get("torch_dtype") or raw.get("dtype"),
                                                                     torch.bfloat16)
-    reader = CheckpointReader(model, mc, torch.device("cpu"), torch.float32, quantization=stored)
+    reader = CheckpointReader(model, mc, torch.device("cpu"), torch.float32)
     quantized = set(quantized_modules(mc))
     tensors: dict[str, torch.Tensor] = {}
     for name in tqdm(list(reader.expected), desc="quantizing", disable=not progress or None, leave=False):
@@ -167,5 +181,5 @@ def quantize_checkpoint(model: Path, out: Path, *, progress: bool = False) -> Pa
     return out
 
 
-__all__ = ["Int8Weight", "int8_of", "pack_int8", "quantization_config", "quantize_checkpoint", "quantized_modules",
-           "unpack_int8"]
+__all__ = ["WEIGHT_FORMATS", "Int8Weight", "int8_of", "pack_int8", "quantization_config", "quantize_checkpoint",
+           "quantized_modules", "unpack_int8", "unquantized"]

@@ -5,8 +5,8 @@ doing the same arithmetic does it with the same code, hence rounds alike.
   BLOCK_HALF]`` float32 tiles, 0 where masked; the q/k kernels of attention_inputs.py rotate those
   halves for RoPE without a shuffle): :func:`load_row_halves`, :func:`load_weight_halves`,
   :func:`rstd_halves`, :func:`scale_normalized`, :func:`rms_norm_halves` (rms_norm.py,
-  attention_inputs.py, the GEMV prologue of linear_gemv.py). Arithmetic of Hugging Face Qwen3:
-  ``round(w * round(x * rsqrt(mean(x^2) + eps)))``.
+  attention_inputs.py). Arithmetic of Hugging Face Qwen3: ``round(w * round(x * rsqrt(mean(x^2) +
+  eps)))``.
 - The residual add, ``round(x + r)``: :func:`add_round`, :func:`add_residual` (add.py, the GEMV and
   GEMM epilogues).
 - SwiGLU, ``silu(g) * u`` in float32: :func:`silu_mul_f32` (silu_mul.py, the GEMV and GEMM
@@ -15,17 +15,17 @@ doing the same arithmetic does it with the same code, hence rounds alike.
 - RoPE, rotate-half: :func:`rope_rotate` (rope.py, attention_inputs.py).
 - The paged KV layout, page ``block_table[p // page_size]`` at slot ``p % page_size``:
   :func:`page_slot` (kv_write.py, attention_inputs.py).
-- The online-softmax tile loop of the paged attention: :func:`load_q_rows`, :func:`attend_tiles`
-  (paged_attention_prefill.py, paged_attention_decode.py).
-- The INT8 KV cache (``LayerKV``'s int8 layout): the quantizer of backends/reference/kv_quant.py,
-  :func:`int8_scale` and :func:`quantize_int8` (attention_inputs.py, kv_write.py); the query scaled
-  by the key smoothing, :func:`smooth_q`, and the tile loop over int8 pages, :func:`attend_tiles_int8`
-  (the paged attention kernels).
+- Symmetric int8 of the KV cache (``LayerKV``'s int8 layout), the quantizer of
+  backends/reference/kv_quant.py: :func:`int8_scale` and :func:`quantize_int8` (attention_inputs.py,
+  kv_write.py).
+- The linear's tiles (linear_gemv.py, linear_gemm.py, linear_gemm_persistent.py): int8 weights
+  converted exactly to the activation dtype (:func:`int8_to`), a K chunk loaded (:func:`load_chunk`)
+  and multiplied into a float32 accumulator (:func:`dot_chunk`), and an output tile stored through
+  the residual epilogue (:func:`store_tile`).
 
-Every function returns once, at its end: the compiler would also build the code after a return
-inside a constexpr branch.
+The tile loops of the paged attention are in paged_attention_tiles.py. Every function returns once,
+at its end: the compiler would also build the code after a return inside a constexpr branch.
 """
-
 from __future__ import annotations
 
 import triton
@@ -63,8 +63,7 @@ def rms_norm_halves(a, b, wa, wb, N: tl.constexpr, eps, DTYPE: tl.constexpr):
 @triton.jit
 def load_row_halves(row_ptr, N: tl.constexpr, BLOCK_HALF: tl.constexpr):
     """The two halves of the ``[N]`` vector at ``row_ptr`` as float32 ``[1, BLOCK_HALF]`` tiles (0
-    where masked): how every row RMSNorm (the row kernel of rms_norm.py, the GEMV prologue) loads
-    the row it reduces, so that their sums run on the same layout."""
+    where masked), the row kernel of rms_norm.py's layout."""
     offs = tl.arange(0, BLOCK_HALF)[None, :]
     mask = offs < N // 2
     a = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -131,113 +130,7 @@ def page_slot(bt_ptr, pos, PAGE_SIZE: tl.constexpr):
     return page, pos % PAGE_SIZE
 
 
-# -- the online-softmax tile loop of the paged attention -----------------------------------------------
-
-
-@triton.jit
-def _tile_pages(bt_ptr, n0, hi, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """``(page, slot)`` (int64 pages) of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0`` tile-aligned);
-    table entries of keys ``>= hi`` are not read (page 0 stands in)."""
-    if BLOCK_N <= PAGE_SIZE:
-        # The tile lies in one page (both are powers of two): one table entry.
-        page = tl.load(bt_ptr + n0 // PAGE_SIZE, mask=n0 < hi, other=0).to(tl.int64)
-        slot = (n0 % PAGE_SIZE) + tl.arange(0, BLOCK_N)
-    else:
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        page = tl.load(bt_ptr + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0).to(tl.int64)
-        slot = offs_n % PAGE_SIZE
-    return page, slot
-
-
-@triton.jit
-def _tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs,
-               BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """Element offsets of the K and V rows of keys ``n0 .. n0 + BLOCK_N - 1`` (:func:`_tile_pages`)."""
-    page, slot = _tile_pages(bt_ptr, n0, hi, BLOCK_N, PAGE_SIZE)
-    return page * stride_kp + slot * stride_ks, page * stride_vp + slot * stride_vs
-
-
-@triton.jit
-def _load_tile(base, rows, offs_d, valid, MASKED: tl.constexpr, UPCAST: tl.constexpr):
-    ptrs = base + rows[:, None] + offs_d[None, :]
-    if MASKED:
-        x = tl.load(ptrs, mask=valid[:, None], other=0.0)
-    else:
-        x = tl.load(ptrs)
-    if UPCAST:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _online_softmax(s, l_i, m_i, offs_n, qpos, hi, MASKED: tl.constexpr):
-    """One tile's update of the online softmax from its scaled scores ``s`` ``[BLOCK_M, BLOCK_N]``
-    (base 2): ``(p, alpha, l_i, m_new)``; masked: keys ``>= hi`` and those after ``qpos`` hidden."""
-    if MASKED:
-        visible = (offs_n[None, :] <= qpos[:, None]) & (offs_n < hi)[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no key yet keeps m = -inf: subtract 0 instead (no inf - inf).
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_sub = m_new
-    p = tl.math.exp2(s - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, l_i, m_new
-
-
-@triton.jit
-def _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale,
-                  MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
-    p, alpha, l_i, m_new = _online_softmax(s, l_i, m_i, offs_n, qpos, hi, MASKED)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks, stride_vp, stride_vs,
-                 qpos, lo, hi, qk_scale, offs_d,
-                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                 UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Online softmax over keys ``[lo, hi)`` (``lo`` a multiple of BLOCK_N), ``exp2`` with
-    ``log2(e)`` folded into ``qk_scale``, float32 ``acc``, ``P`` cast to the K/V dtype for the
-    second ``tl.dot``. Unmasked: every key is valid and visible to every row, and ``hi - lo`` is a
-    multiple of BLOCK_N. Masked: keys ``>= hi`` are not loaded and row ``i`` sees keys ``<= qpos[i]``
-    only.
-
-    The block-table entry of the next tile is read one iteration ahead, so that the K/V addresses
-    are loop-carried values: with the lookup inside the iteration Triton did not pipeline the K/V
-    loads (H200, 32k context, 16 splits: 72.8 us against 50.2 us).
-    """
-    k_rows, v_rows = _tile_rows(bt_ptr, lo, hi, stride_kp, stride_ks, stride_vp, stride_vs, BLOCK_N, PAGE_SIZE)
-    for n0 in tl.range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base, k_rows, offs_d, offs_n < hi, MASKED, UPCAST)
-        v = _load_tile(v_base, v_rows, offs_d, offs_n < hi, MASKED, UPCAST)
-        k_rows, v_rows = _tile_rows(bt_ptr, n0 + BLOCK_N, hi, stride_kp, stride_ks, stride_vp, stride_vs,
-                                    BLOCK_N, PAGE_SIZE)
-        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale, MASKED, DOT_PRECISION)
-    return acc, l_i, m_i
-
-
-@triton.jit
-def load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
-                GROUP: tl.constexpr, UPCAST: tl.constexpr):
-    """Rows ``offs_m`` of a kv head: (token ``r // GROUP``, q head ``kv_head * GROUP + r % GROUP``)."""
-    tok = offs_m // GROUP
-    head = kv_head * GROUP + offs_m % GROUP
-    row_ok = offs_m < T * GROUP
-    q = tl.load(q_ptr + (tok * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    return q, tok, head, row_ok
-
-
-# -- the INT8 KV cache ------------------------------------------------------------------------------
+# -- symmetric int8 of the KV cache ------------------------------------------------------------------
 
 
 @triton.jit
@@ -260,113 +153,65 @@ def quantize_int8(x, scale):
     return y.to(tl.int8)
 
 
-@triton.jit
-def smooth_q(q, smooth_ptr, offs_d, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
-    """``round(q * k_smooth)`` to DTYPE (q's dtype), as the reference attention scales the query when
-    the cache holds ``k / k_smooth``; float32 again where UPCAST (the interpreter's bf16)."""
-    s = tl.load(smooth_ptr + offs_d)
-    q = (q.to(tl.float32) * s[None, :]).to(DTYPE)
-    if UPCAST:
-        q = q.to(tl.float32)
-    return q
+# -- the linear's tiles -----------------------------------------------------------------------------
 
 
 @triton.jit
-def _int8_tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs, stride_sp,
-                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
-    """:func:`_tile_rows` plus the offsets of the keys' scales (``[P, Hkv, page_size]``, slots
-    contiguous, K's and V's alike)."""
-    page, slot = _tile_pages(bt_ptr, n0, hi, BLOCK_N, PAGE_SIZE)
-    return page * stride_kp + slot * stride_ks, page * stride_vp + slot * stride_vs, page * stride_sp + slot
+def int8_to(q, DTYPE: tl.constexpr, BITS: tl.constexpr):
+    """The int8 tile ``q`` as exact ``DTYPE`` values (float16 / bfloat16 / float32).
 
-
-@triton.jit
-def _load_int8_tile(base, scale_base, rows, srows, offs_d, valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
-    """An int8 ``[BLOCK_N, D]`` tile converted to DTYPE (exact: |int8| <= 127) and its ``[BLOCK_N]``
-    float32 scales; 0 for keys not ``valid`` where MASKED."""
-    ptrs = base + rows[:, None] + offs_d[None, :]
-    if MASKED:
-        x = tl.load(ptrs, mask=valid[:, None], other=0)
-        scale = tl.load(scale_base + srows, mask=valid, other=0.0)
+    ``BITS``: on the bit patterns, with no conversion instruction. float32: ``0x4B000080 + q``
+    (sign-extended) is the float ``2^23 + 128 + q``, minus ``2^23 + 128`` gives q exactly. float16:
+    ``0x6480 + q`` is ``1152 + q`` (the float16 unit at 1024 is 1), minus 1152. bfloat16: the top
+    half of q's float32 pattern (q has at most 8 significant bits, the low half is zero)."""
+    if BITS:
+        if DTYPE == tl.float16:
+            v = (q.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+        else:
+            v = (q.to(tl.int32) + 0x4B000080).to(tl.float32, bitcast=True) - 8388736.0
+            if DTYPE == tl.bfloat16:
+                v = (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
-        x = tl.load(ptrs)
-        scale = tl.load(scale_base + srows)
-    return x.to(DTYPE), scale
+        v = q.to(DTYPE)
+    return v
 
 
 @triton.jit
-def _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, hi, qk_scale,
-                       MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    # Scores of the int8 keys, then each key's scale: q.(k8 * s) = (q.k8) * s.
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * (k_scale * qk_scale)[None, :]
-    p, alpha, l_i, m_new = _online_softmax(s, l_i, m_i, offs_n, qpos, hi, MASKED)
-    # P.(v8 * s) = (P * s).v8: each value's scale goes into its column of P before P's rounding,
-    # times 128 (exact, undone after the dot) so that P * s ~ P * absmax(v) keeps float16 clear of
-    # its subnormals (s alone is ~absmax / 127: P * s would lose bits where P < 1e-2).
-    pv = (p * (v_scale * 128.0)[None, :]).to(v.dtype)
-    acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION) * (1.0 / 128.0)
-    return acc, l_i, m_new
+def load_chunk(ptrs, k0, offs_k, K, EVEN_K: tl.constexpr):
+    """The ``[rows, BLOCK_K]`` chunk at ``ptrs + k0`` (columns ``k0 + offs_k``), 0 past ``K`` unless
+    EVEN_K (K a multiple of BLOCK_K)."""
+    if EVEN_K:
+        t = tl.load(ptrs + k0)
+    else:
+        t = tl.load(ptrs + k0, mask=(offs_k < K - k0)[None, :], other=0)
+    return t
 
 
 @triton.jit
-def _load_int8_raw(base, scale_base, rows, srows, offs_d, valid):
-    """An int8 ``[BLOCK_N, D]`` tile as stored and its ``[BLOCK_N]`` float32 scales; 0 where not
-    ``valid`` (as :func:`_load_int8_tile` masks them)."""
-    x = tl.load(base + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0)
-    scale = tl.load(scale_base + srows, mask=valid, other=0.0)
-    return x, scale
+def dot_chunk(a, b, acc, DOT_F32: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr):
+    """``acc + a b^T`` for activations ``a`` ``[M, BLOCK_K]`` and weights ``b`` ``[N, BLOCK_K]`` (int8
+    where INT8, converted exactly to a's dtype by :func:`int8_to`), float32 accumulator ``[M, N]``;
+    with SWAP_AB ``acc + b a^T`` (``[N, M]``: the converted weight is the first operand, which
+    Hopper's tensor cores read from registers). DOT_F32: float32 operands (the interpreter)."""
+    if DOT_F32:
+        a = a.to(tl.float32)
+        if not INT8:
+            b = b.to(tl.float32)
+    if INT8:
+        b = int8_to(b, a.dtype, BITS)
+    if SWAP_AB:
+        acc = tl.dot(b, tl.trans(a), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
-def _attend_tiles_int8_prefetched(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks,
-                                  stride_vp, stride_vs, stride_sp, qpos, lo, hi, qk_scale, offs_d, k_rows, v_rows,
-                                  s_rows, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                                  DOT_PRECISION: tl.constexpr):
-    """:func:`attend_tiles_int8`'s loop with the next tile's loads issued before this tile's math."""
-    offs = tl.arange(0, BLOCK_N)
-    k8, k_scale = _load_int8_raw(k_base, ks_base, k_rows, s_rows, offs_d, lo + offs < hi)
-    v8, v_scale = _load_int8_raw(v_base, vs_base, v_rows, s_rows, offs_d, lo + offs < hi)
-    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=1):
-        k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, n0 + BLOCK_N, hi, stride_kp, stride_ks, stride_vp,
-                                                 stride_vs, stride_sp, BLOCK_N, PAGE_SIZE)
-        next_ok = n0 + BLOCK_N + offs < hi
-        nk8, nk_scale = _load_int8_raw(k_base, ks_base, k_rows, s_rows, offs_d, next_ok)
-        nv8, nv_scale = _load_int8_raw(v_base, vs_base, v_rows, s_rows, offs_d, next_ok)
-        acc, l_i, m_i = _softmax_step_int8(acc, l_i, m_i, q, k8.to(q.dtype), k_scale, v8.to(q.dtype), v_scale,
-                                           n0 + offs, qpos, hi, qk_scale, MASKED, DOT_PRECISION)
-        k8, k_scale, v8, v_scale = nk8, nk_scale, nv8, nv_scale
-    return acc, l_i, m_i
-
-
-@triton.jit
-def attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks,
-                      stride_vp, stride_vs, stride_sp, qpos, lo, hi, qk_scale, offs_d,
-                      MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr = False):
-    """:func:`attend_tiles` over int8 pages with one float32 scale per cached vector (``ks_base``,
-    ``vs_base``: the kv head's ``[P, page_size]`` scales, page stride ``stride_sp``): each tile is
-    converted to q's dtype in registers, the key scales multiply the scores (with ``qk_scale``) and
-    the value scales multiply ``P`` before its rounding to q's dtype for the second ``tl.dot``; no
-    dequantized copy of the cache, no score matrix beyond the ``[BLOCK_M, BLOCK_N]`` tile. The
-    block-table entry of the next tile is read one iteration ahead, as in :func:`attend_tiles`.
-
-    ``PREFETCH``: the next tile's int8 K and V and their scales are loaded one iteration ahead too
-    (a register double buffer: the loads are in flight while this tile's math runs), masked past
-    ``hi``; the same values reach the same math, so the result is the same bit for bit."""
-    k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, lo, hi, stride_kp, stride_ks, stride_vp, stride_vs,
-                                             stride_sp, BLOCK_N, PAGE_SIZE)
-    if PREFETCH:
-        acc, l_i, m_i = _attend_tiles_int8_prefetched(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr,
-                                                      stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos,
-                                                      lo, hi, qk_scale, offs_d, k_rows, v_rows, s_rows, MASKED,
-                                                      BLOCK_N, PAGE_SIZE, DOT_PRECISION)
-        lo = hi  # the loop below has nothing left to do
-    for n0 in tl.range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        k, k_scale = _load_int8_tile(k_base, ks_base, k_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype)
-        v, v_scale = _load_int8_tile(v_base, vs_base, v_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype)
-        k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, n0 + BLOCK_N, hi, stride_kp, stride_ks, stride_vp,
-                                                 stride_vs, stride_sp, BLOCK_N, PAGE_SIZE)
-        acc, l_i, m_i = _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, hi, qk_scale,
-                                           MASKED, DOT_PRECISION)
-    return acc, l_i, m_i
+def store_tile(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL: tl.constexpr):
+    """The store of the float32 output tile ``acc`` (rows ``offs_m``, columns ``offs_n``): rounded to
+    y's dtype, plus ``r`` where RESIDUAL (add.py's rounding)."""
+    out_ty = y_ptr.dtype.element_ty
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    r_ptrs = r_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :]
+    y = add_residual(acc.to(out_ty), r_ptrs, mask, RESIDUAL)
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :], y, mask=mask)

@@ -1,7 +1,6 @@
-"""The persistent GEMM of :func:`linear.linear` and :func:`linear_int8.linear_int8` (T > 16 tokens),
-taken where the tile config says ``persistent`` (``GemmConfig`` of linear_gemm.py,
-``Int8GemmConfig`` of linear_int8_gemm.py); the model-dtype and the W8A16 forms are one kernel
-(``INT8``), so that both tile, schedule and finish alike.
+"""The persistent GEMM of :func:`linear.linear` (T > 16 tokens), taken where the tile config says
+``persistent`` (``GemmConfig`` of linear_tiles.py): one kernel for both weight formats (``INT8``),
+so that both tile, schedule and finish alike.
 
 Tiling and grid. Output tiles of BLOCK_M x BLOCK_N (BLOCK_K chunks of K, float32 accumulator) over
 a grid of ``programs`` (the SMs, or fewer when there is less work), each program looping over its
@@ -10,103 +9,43 @@ that the next tile's loads follow the last one's epilogue without a new launch. 
 and weight tiles arrive through host-built TMA descriptors, zero-filled past the tensors' ends,
 where the tensors allow them (16-byte aligned bases and row strides: :func:`tma_ok`); else the
 same code loads them through pointers (cp.async, staged by the pipeliner). The interpreter runs
-the descriptors too. The W8A16 form loads the int8 weight tile
-as is (half the bytes of BF16 in shared memory), converts it in registers after the shared-memory
-load (:func:`int8_to`), accumulates in float32 and applies the row scales in the epilogue;
-``swap_ab`` computes the tile transposed (``q x^T``) as linear_int8_gemm.py does.
+the descriptors too. The W8A16 form loads the int8 weight tile as is (half the bytes of BF16 in
+shared memory), converts it in registers after the shared-memory load (:func:`int8_to`),
+accumulates in float32 and applies the row scales in the epilogue; ``swap_ab`` computes the tile
+transposed (``q x^T``) as linear_gemm.py does.
 
 Fusions. SwiGLU: a program computes the gate tile (weight rows n) and then the up tile (rows
 ``I_OFF + n``) of the same output tile one after the other with the plain tile's code, keeping the
 rounded gate tile in registers, so that it holds one accumulator (the plain kernel's registers)
 and equals the plain kernel's [gate; up] output followed by silu_mul bit for bit. Residual:
-``round(y + r)``; float32 logits store the accumulator. All through linear_gemm.py's epilogue.
+``round(y + r)``; float32 logits store the accumulator. All through :func:`store_tile`, the
+epilogue of linear_gemm.py.
 
 Split tail (``split_rows`` > 0). Where the tiles would fill the last wave poorly (Qwen3-4B's
 o_proj and down at T = 1,024: 160 tiles of 128 x 128 for 132 SMs, two waves of which the second is
 a fifth full), the last ``split_rows`` row blocks of tiles are computed in ``split_k`` ranges of
 K, after the whole tiles: each range ("unit") stores its float32 partial (scaled, for W8A16) in a
-workspace ``[split_k, rows, N_w]`` and counts itself on its tile's counter (an atomic add, on the
-GEMV's split counters, 0 between launches); the unit that arrives last adds the tile's partials in
-split order (deterministic: the order does not depend on arrival), runs the epilogue (SwiGLU on
-the gate and up partials, residual) and resets the counter. Units go
-to programs in contiguous ranges sized so that programs with one whole tile fewer take more units
-(:func:`balance`). The rows split and ``split_k`` are the config's (the rule picks them from the
-weight's row count, the same for the fused SwiGLU call and the plain call of the per-op chain),
-hence bit-identical fused and per-op results there too. :func:`split_plan` is that rule.
+workspace ``[split_k, rows, N_w]`` and counts itself on its tile's counter (an atomic add on the
+caller's ``counters``, 0 between launches: the protocol of linear_gemv.py's ``reduce_if_last``);
+the unit that arrives last adds the tile's partials in split order (deterministic: the order does
+not depend on arrival), runs the epilogue (SwiGLU on the gate and up partials, residual) and
+resets the counter. Units go to programs in contiguous ranges sized so that programs with one
+whole tile fewer take more units (``balance`` of linear_tiles.py). The rows split and ``split_k``
+are the config's (``split_plan`` of linear_tiles.py estimates them from the weight's row count, the
+same for the fused SwiGLU call and the plain call of the per-op chain), hence bit-identical fused
+and per-op results there too.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from tileinfer.backends.triton.device_functions import round_to, silu_mul_f32
+from tileinfer.backends.triton.device_functions import dot_chunk, load_chunk, round_to, silu_mul_f32, store_tile
 from tileinfer.backends.triton.interpreter import sms_of
-from tileinfer.backends.triton.linear_gemm import store_gemm
-from tileinfer.backends.triton.linear_split_counters import split_counters
-from tileinfer.backends.triton.linear_int8_gemv import int8_to
-
-# The split rule's cost model (estimates until the sweep measures the split tiles): one SM's MMA
-# throughput (the non-persistent BF16 GEMM runs Qwen3-4B's gate_up at T = 1,024 at 578 TFLOP/s on
-# an H200, 4.4 per SM: 176.5 us in bench/results/NVIDIA-H200/tiles_a1a4273/linear_int8.json), the
-# bandwidth of the partials' write and read (mostly in L2: a guess), and the fixed cost of a split
-# (the last units' sums after the others: a guess).
-SM_FLOPS = 4.4e12
-PARTIAL_BYTES_PER_S = 3.0e12
-SPLIT_FIXED_US = 2.0
-SPLIT_CANDIDATES = (2, 3, 4, 6, 8)
-
-
-@functools.lru_cache(maxsize=None)
-def balance(dp_tiles: int, dp_cost: int, units: int, unit_cost: int, programs: int) -> tuple[int, int, int]:
-    """How many split units each program takes after its whole tiles: ``(n_lo, n_hi, makespan)``.
-
-    Whole tiles go round-robin (program p gets tiles p, p + P, ...): the first ``dp_tiles % P``
-    programs hold one more. Programs with that extra tile take ``n_lo`` units, the others ``n_hi``,
-    in contiguous ranges (program p's first unit is ``p * n_lo`` for p < r, else ``r * n_lo + (p -
-    r) * n_hi``); ``n_hi - n_lo`` covers the missing tile's cost. Costs in BLOCK_K chunks: a whole
-    tile ``dp_cost``, a unit ``unit_cost``. ``makespan``: the busiest program's chunks."""
-    q, r = divmod(dp_tiles, programs)
-    if units == 0:
-        return 0, 0, (q + (r > 0)) * dp_cost
-    if r == 0:
-        n = triton.cdiv(units, programs)
-        return n, n, q * dp_cost + n * unit_cost
-    d = dp_cost // unit_cost
-    n_lo = max(0, triton.cdiv(units - (programs - r) * d, programs))
-    n_hi = min(n_lo + d, triton.cdiv(units - r * n_lo, programs - r))
-    return n_lo, n_hi, max((q + 1) * dp_cost + n_lo * unit_cost, q * dp_cost + n_hi * unit_cost)
-
-
-@functools.lru_cache(maxsize=None)
-def split_plan(M: int, n_w: int, K: int, block_m: int, block_n: int, block_k: int, programs: int) -> tuple[int, int]:
-    """``(split_rows, split_k)`` for a persistent GEMM of ``M`` rows on a weight of ``n_w`` rows
-    (plain tiles; 2I for the fused SwiGLU weight, as the per-op chain's plain call sees it).
-
-    Rule: the estimated time of every candidate (no split; or the last ``b`` row blocks in ``s``
-    ranges of K, each of at least 2 chunks) is the busiest program's chunks (:func:`balance`) at
-    ``SM_FLOPS`` per SM, plus the partials' bytes (written and read once, float32) at
-    ``PARTIAL_BYTES_PER_S`` and ``SPLIT_FIXED_US``; the fastest wins, ties to fewer splits."""
-    k_tiles = triton.cdiv(K, block_k)
-    num_pid_m, num_pid_n = triton.cdiv(M, block_m), triton.cdiv(n_w, block_n)
-    chunk_us = 2 * block_m * block_n * block_k / SM_FLOPS * 1e6
-    best, best_us = (0, 1), balance(num_pid_m * num_pid_n, k_tiles, 0, 1, programs)[2] * chunk_us
-    for s in SPLIT_CANDIDATES:
-        per_split = triton.cdiv(k_tiles, s)
-        if per_split < 2 or triton.cdiv(k_tiles, per_split) != s:
-            continue
-        for b in range(1, num_pid_m + 1):
-            units = b * num_pid_n * s
-            span = balance((num_pid_m - b) * num_pid_n, k_tiles, units, per_split, programs)[2]
-            partial_bytes = 8 * (M - (num_pid_m - b) * block_m) * n_w * s
-            us = span * chunk_us + partial_bytes / PARTIAL_BYTES_PER_S * 1e6 + SPLIT_FIXED_US
-            if us < best_us:
-                best, best_us = (b, s), us
-    return best
+from tileinfer.backends.triton.linear_tiles import GemmConfig, balance
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
@@ -149,23 +88,10 @@ def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, str
         if TMA:
             a = x_ptr.load([m0, k0])
             b = w_ptr.load([n0 + w_off, k0])
-        elif EVEN_K:
-            a = tl.load(a_ptrs + k0)
-            b = tl.load(b_ptrs + k0)
         else:
-            k_mask = (offs_k < K - k0)[None, :]
-            a = tl.load(a_ptrs + k0, mask=k_mask, other=0.0)
-            b = tl.load(b_ptrs + k0, mask=k_mask, other=0)
-        if DOT_F32:
-            a = a.to(tl.float32)
-            if not INT8:
-                b = b.to(tl.float32)
-        if INT8:
-            b = int8_to(b, a.dtype, BITS)
-        if SWAP_AB:
-            acc = tl.dot(b, tl.trans(a), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, tl.trans(b), acc, input_precision="ieee")
+            a = load_chunk(a_ptrs, k0, offs_k, K, EVEN_K)
+            b = load_chunk(b_ptrs, k0, offs_k, K, EVEN_K)
+        acc = dot_chunk(a, b, acc, DOT_F32, INT8, BITS, SWAP_AB)
     if SWAP_AB:
         acc = tl.trans(acc)
     return acc
@@ -236,19 +162,19 @@ def _gemm_persistent_kernel(
             acc = acc * tl.load(s_ptr + offs_n % N + w_off)[None, :]
         if SPLIT:
             if is_dp:
-                gate = _store_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty,
+                gate = _finish_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty,
                                    SWIGLU, RESIDUAL)
             else:
                 _split_unit(acc, p_ptr, c_ptr, y_ptr, r_ptr, offs_m, offs_n, M, N, I_OFF, w_off, split,
                             band_tile, DP_ROWS * BLOCK_M, stride_ps, stride_pm, stride_ym, stride_rm, out_ty,
                             SWIGLU, RESIDUAL, HALVES * SPLITS, SPLITS)
         else:
-            gate = _store_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty,
+            gate = _finish_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty,
                                SWIGLU, RESIDUAL)
 
 
 @triton.jit
-def _store_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty: tl.constexpr,
+def _finish_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty: tl.constexpr,
                 SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr):
     """A whole tile's epilogue; returns the gate tile to keep. SWIGLU: at half 0 (the gate) the
     rounded tile is kept and nothing stored (the store is masked off: no branch); at half 1 (the
@@ -259,7 +185,7 @@ def _store_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, 
         M = tl.where(half == 1, M, 0)
     else:
         y = acc
-    store_gemm(y, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
+    store_tile(y, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
     return gate
 
 
@@ -270,7 +196,7 @@ def _split_unit(acc, p_ptr, c_ptr, y_ptr, r_ptr, offs_m, offs_n, M, N, I_OFF, w_
     """A split unit's end: its float32 partial (rows ``offs_m - row0`` of the workspace, columns
     ``w_off + offs_n``) stored, then counted on the band tile's counter; the tile's last unit adds
     the partials in split order, stores the output tile through the epilogue and sets the counter
-    back to 0 (the GEMV's ``reduce_if_last`` protocol, on its counters: linear_gemv.py)."""
+    back to 0 (the protocol of linear_gemv.py's ``reduce_if_last``)."""
     mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     p_ptrs = p_ptr + (offs_m - row0).to(tl.int64)[:, None] * stride_pm + offs_n[None, :]
     tl.store(p_ptrs + split * stride_ps + w_off, acc, mask=mask)
@@ -282,17 +208,17 @@ def _split_unit(acc, p_ptr, c_ptr, y_ptr, r_ptr, offs_m, offs_n, M, N, I_OFF, w_
             gate = acc.to(out_ty)
             acc = _sum_partials(p_ptrs + I_OFF, mask, stride_ps, SPLITS)
             acc = silu_mul_f32(gate.to(tl.float32), round_to(acc, out_ty))
-        store_gemm(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
+        store_tile(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
         tl.atomic_xchg(c_ptr + band_tile, 0)  # the counters are 0 between launches
 
 
 def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
-                           residual: torch.Tensor | None, cfg, n_out: int, i_off: int, swiglu: bool,
-                           dot_f32: bool) -> None:
-    """The persistent GEMM on checked (and already normalized) arguments: ``w`` ``[N_w, K]`` in x's
-    dtype, or int8 with ``scale`` float32 ``[N_w]``; ``cfg`` a ``GemmConfig`` or ``Int8GemmConfig``
-    with ``persistent`` (its ``bit_convert`` / ``swap_ab`` where it has them). One launch; a split
-    tail uses a float32 workspace and the GEMV's split counters (``split_counters``)."""
+                           residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
+                           dot_f32: bool, counters: torch.Tensor | None) -> None:
+    """The persistent GEMM on checked arguments: ``w`` ``[N_w, K]`` in x's dtype, or int8 with
+    ``scale`` float32 ``[N_w]``; ``cfg`` with ``persistent``. One launch; a split tail uses a
+    float32 workspace and ``counters`` (int32 zeros, one per split tile: :func:`split_tiles`; made
+    for the call where None)."""
     M, K = x.shape
     n_w = w.shape[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -311,7 +237,11 @@ def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
     part, counts = out, out
     if split_rows:
         part = torch.empty((splits, M - dp_rows * bm, n_w), dtype=torch.float32, device=x.device)
-        counts = split_counters(x.device, band_tiles)
+        if counters is None:
+            counters = torch.zeros(band_tiles, dtype=torch.int32, device=x.device)
+        assert counters.dtype == torch.int32 and counters.numel() >= band_tiles and counters.device == x.device, (
+            f"the split tail needs {band_tiles} int32 counters on {x.device}, got {counters.numel()} {counters.dtype}")
+        counts = counters
     tma = cfg.tma and tma_ok(x, w)
     x_arg = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk]) if tma else x
     w_arg = TensorDescriptor(w, [n_w, K], [w.stride(0), 1], [bn, bk]) if tma else w
@@ -320,9 +250,15 @@ def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
         x_arg, w_arg, scale if int8 else w, out, r, part, counts, M, n_out, K, i_off, x.stride(0), w.stride(0),
         out.stride(0), r.stride(0), part.stride(0), part.stride(-2), dp_rows, programs, n_lo, n_hi, per_split,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32,
-        EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=getattr(cfg, "bit_convert", True),
-        SWAP_AB=getattr(cfg, "swap_ab", False), TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits,
+        EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=cfg.bit_convert, SWAP_AB=cfg.swap_ab,
+        TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True)
 
 
-__all__ = ["balance", "launch_gemm_persistent", "split_plan", "tma_ok"]
+def split_tiles(M: int, n_out: int, cfg: GemmConfig) -> int:
+    """The counters a persistent launch with ``cfg`` on ``M`` rows and ``n_out`` output columns
+    counts on: one per tile of its split tail (0 without)."""
+    return min(cfg.split_rows, triton.cdiv(M, cfg.block_m)) * triton.cdiv(n_out, cfg.block_n)
+
+
+__all__ = ["launch_gemm_persistent", "split_tiles", "tma_ok"]

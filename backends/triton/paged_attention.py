@@ -7,7 +7,7 @@ page_size``, one per key otherwise, so any power-of-two page size works), nothin
 :func:`paged_decode_attention` (1..16 new tokens: a decode step or the verification of speculative
 drafts; the split-KV kernels of paged_attention_decode.py, ``decode_splits`` picks 16 splits for
 long contexts, fewer below 2,048 positions). This module checks the arguments, picks the block
-sizes and launches. Both share the online-softmax tile loop of device_functions.py: ``exp2`` with
+sizes and launches. Both share the online-softmax tile loop of paged_attention_tiles.py: ``exp2`` with
 ``log2(e)`` folded into the scale, float32 accumulation, ``P`` cast to the K/V dtype for the second
 ``tl.dot``. Under the Triton interpreter bfloat16 tiles are cast to float32 after loading (the
 interpreter mis-computes bf16 dots); float32 data gets exact dots instead of TF32 on the GPU.
@@ -106,7 +106,7 @@ def _kernel_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
 # tile was not timed.
 INT8_BLOCK_N = 32  # the prefill's
 INT8_DECODE_BLOCK_N = 64
-# The decode kernel's int8 loads one tile ahead (device_functions.attend_tiles_int8 PREFETCH): off
+# The decode kernel's int8 loads one tile ahead (paged_attention_tiles.attend_tiles_int8 PREFETCH): off
 # until timed (bench/kernels/paged_attention.py --int8-prefetch compares both).
 INT8_PREFETCH = False
 

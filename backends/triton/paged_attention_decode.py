@@ -4,7 +4,7 @@
 ``_paged_decode_kernel``, grid ``(num_kv_heads, num_splits)``: a program takes all ``T * G`` q rows
 of its kv head (padded to BLOCK_M = max(16, next_pow2(T * G)) rows so that ``tl.dot`` runs on
 tensor cores) and scans one contiguous, tile-aligned chunk of the ``L = start + T`` cached
-positions in BLOCK_N-key tiles (:func:`attend_tiles` of device_functions.py); tiles below ``start
+positions in BLOCK_N-key tiles (:func:`attend_tiles` of paged_attention_tiles.py); tiles below ``start
 + 1`` are unmasked, the tail applies the causal mask of each row's token (``CAUSAL=False``: every
 row sees all ``start + T`` keys, only the context end is masked). It writes the
 unnormalized float32 output and the running max and sum of its rows to scratch buffers ``[T, H,
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.device_functions import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
+from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
 

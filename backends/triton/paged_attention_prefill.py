@@ -5,7 +5,7 @@ Tiling and grid ``(num_kv_heads, cdiv(T * G, BLOCK_M))``: the ``T * G`` query ro
 are the (token, head-of-the-group) pairs in token-major order (row ``r`` is token ``r // G``, q head
 ``kv_head * G + r % G``), so one K/V tile load serves every q head of the group. A program owns
 BLOCK_M rows (64) and streams key tiles of BLOCK_N positions (64) up to the causal limit of its last
-token (:func:`attend_tiles` of device_functions.py): the tiles every row of the block sees
+token (:func:`attend_tiles` of paged_attention_tiles.py): the tiles every row of the block sees
 completely run without any mask, the few tiles on the diagonal apply the causal mask and the
 end-of-context load mask (``CAUSAL=False``: every row sees all ``start + T`` keys, the tiles up to
 the last tile boundary unmasked, the last one masked by the context end). The second grid axis is
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.device_functions import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
+from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
 

@@ -3,23 +3,19 @@
 Tiling and grid: a program holds whole vectors in registers, each loaded as its two halves
 (channels ``0..N/2`` and ``N/2..N``, ``BLOCK_HALF = next_pow2(N / 2)`` wide, masked; the device
 functions of device_functions.py). Rows of ``[T, H]`` (``_row_rms_norm_kernel``): one row a
-program, ``[1, BLOCK_HALF]`` tiles, grid ``(T,)``, 8 warps for H = 2,560 or 4,096 unless the caller
-passes its own ``num_warps``. Heads of ``[T, heads, D]`` (``_rms_norm_kernel``): ``BLOCK_H`` heads
-of one token a program, ``[BLOCK_H, BLOCK_HALF]`` tiles reduced along the channels, grid ``(T,
-cdiv(heads, BLOCK_H))``; ``BLOCK_H = min(next_pow2(heads), 1024 / (2 BLOCK_HALF))`` (8 heads of
-128, 2 warps). The fused q/k kernel of attention_inputs.py uses the same tiles.
-:func:`norm_launch_config` gives ``(BLOCK_H, BLOCK_HALF, num_warps)`` from ``(N, heads)`` alone for
+program, ``[1, BLOCK_HALF]`` tiles, grid ``(T,)``, 8 warps for H = 2,560 or 4,096. Heads of ``[T,
+heads, D]`` (``_rms_norm_kernel``): ``BLOCK_H`` heads of one token a program, ``[BLOCK_H,
+BLOCK_HALF]`` tiles reduced along the channels, grid ``(T, cdiv(heads, BLOCK_H))``; ``BLOCK_H =
+min(next_pow2(heads), 1024 / (2 BLOCK_HALF))`` (8 heads of 128, 2 warps). The fused q/k kernel of
+attention_inputs.py uses the same tiles. :func:`norm_launch_config` gives ``(BLOCK_H, BLOCK_HALF, num_warps)`` from ``(N, heads)`` alone for
 all of them.
 
 Arithmetic (Hugging Face Qwen3, as the twin): ``x`` in float32, ``x * rsqrt(mean(x^2) + eps)``,
 rounded to the model dtype, then multiplied by the weight in the model dtype (float32 product of
-the two rounded values, rounded once more). The GEMV of linear_gemv.py normalizes its input in its
-prologue with the same device functions on the same ``[1, BLOCK_HALF]`` row tiles; given the same
-``num_warps`` the sums have the same ``tl.sum`` layout, hence the same roundings. The row kernel is
-compiled with floating-point contraction on, as the GEMV is (its multiply-adds are FMAs: turning
-contraction off there cost 5-8 % of GEMV speed on the H200), so the sum of squares contracts alike
-in both; the head kernel turns it off (``enable_fp_fusion=False``) as every other elementwise
-kernel does, so that no kernel fuses a multiply-add that its twin does not.
+the two rounded values, rounded once more). The row kernel is compiled with floating-point
+contraction on (its sum of squares may contract into FMAs); the head kernel turns it off
+(``enable_fp_fusion=False``) as every other elementwise kernel does, so that no kernel fuses a
+multiply-add that its twin does not.
 
 Programmatic dependent launch (``pdl=True``, Hopper; pdl.py): the kernels let the next kernel
 launch at their start, load the norm weight (immutable) before the grid dependency wait, and the
@@ -97,15 +93,13 @@ def _row_rms_norm_kernel(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None,
-             pdl: bool = False, num_warps: int | None = None) -> torch.Tensor:
+             pdl: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` ``[T, H]`` or ``[T, heads, D]`` (float16, bfloat16 or
     float32; any strides but a contiguous last dim, of even length), ``weight`` ``[last]`` in x's
     dtype. Returns ``out`` (new and contiguous unless given; x's shape and dtype, contiguous last
     dim): ``weight * round(x * rsqrt(mean(x^2) + eps))``. ``pdl``: programmatic dependent launch
     where supported (the weight must be immutable: it is read before the wait for the kernel
-    before); same bits. ``num_warps`` (``[T, H]`` only): launch the row kernel with these warps
-    instead of ``norm_launch_config``'s; the order of the sum of squares depends on them, and a
-    norm that must round like the GEMV's norm prologue passes the GEMV's (``linear.norm_warps``)."""
+    before); same bits."""
     assert x.dim() in (2, 3), f"x must be [T, H] or [T, heads, D], got {tuple(x.shape)}"
     assert x.dtype in FLOAT_DTYPES, f"x dtype {x.dtype}"
     n = x.shape[-1]
@@ -129,10 +123,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
         _row_rms_norm_kernel[(x.shape[0],)](
             x, weight, out, x.stride(0), out.stride(0), eps,
             N=n, BLOCK_HALF=block_half, PDL=pdl,
-            num_warps=num_warps or warps, enable_fp_fusion=True, **launch_options(pdl),  # as the GEMV
+            num_warps=warps, enable_fp_fusion=True, **launch_options(pdl),
         )
         return out
-    assert num_warps is None, "num_warps is for [T, H] rows"
     t, heads, _ = x.shape
     block_h, block_half, warps = norm_launch_config(n, heads)
     _rms_norm_kernel[(t, triton.cdiv(heads, block_h))](

@@ -6,9 +6,9 @@ elements (16 bytes of bf16) of gate, of up and of the output per access. A progr
 ``gate[t, j:j+BLOCK_I]`` and ``up[t, I+j:I+j+BLOCK_I]`` in the model dtype, converts them to float32
 and applies :func:`silu_mul_f32` (device_functions.py), the one SwiGLU arithmetic of the kernels
 (the GEMV/GEMM epilogue of linear.py calls it on its accumulators rounded to the output dtype,
-which is what makes ``linear(x, w, swiglu=True)`` bit-identical to ``silu_mul(linear(x, w))``); the
-result is rounded once, to the output dtype, at the store. Compiled with contraction on, as the
-GEMV is, so that the two compute silu alike. Memory-bound: 3 I elements moved per row.
+which is what makes ``linear(x, w, swiglu=True)`` bit-identical to ``silu_mul(linear(x, w))`` on the
+same tiles); the result is rounded once, to the output dtype, at the store. Compiled with
+contraction on, as the GEMV is, so that the two compute silu alike. Memory-bound: 3 I elements moved per row.
 ``pdl=True``: programmatic dependent launch (pdl.py); the kernel waits for the one before at its
 start.
 """

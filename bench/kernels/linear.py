@@ -1,67 +1,86 @@
-"""The Triton linear (backends/triton/linear.py: GEMV / GEMM) against torch (cuBLAS) at the Qwen3 layer shapes, on one GPU.
+"""The Triton linear (backends/triton/linear.py) for both weight formats against cuBLAS at the Qwen3 layer shapes, on one GPU.
 
-    python bench/kernels/linear.py [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--sweep] [--eager]
-                                   [--decode-step [--alt-tiles]] [--repeats N] [--out DIR]
+    python -m bench kernels linear [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--formats bf16,int8]
+        [--sweep] [--eager] [--decode-step] [--repeats N] [--commit C] [--records FILE]
 
-Per layer (default). For each layer's weight ([N, K], bf16, q/k/v and gate/up fused as the engine
-loads them) and each T: checks the Triton ``linear`` against the reference twin (``F.linear``;
-``torch.mm`` with a float32 output for the lm_head logits) and prints the max error, then times
-both with bench/timing.py: a CUDA graph of one call per weight copy, rotating among enough copies
-(>= 256 MB in all) that no weight is in the 60 MB L2, time / copies. The graph keeps the host's
-launch overhead out of the kernel times, as the engine's CUDA graphs do; ``--eager`` adds the time
-of plain calls. The ``gate_up+swiglu`` row times ``linear(x, w, swiglu=True)`` against F.linear +
-silu * up. Columns: Triton and cuBLAS time (us), Triton GB/s (weight + activation + output bytes
-over time), that as a fraction of the copy bandwidth (measured in the same run), and TFLOP/s for
-the GEMM rows. ``--sweep`` also times other GEMV/GEMM tiles per shape (for tuning the rules of
-linear_gemv.py / linear_gemm.py), with each one's max error against the twin; at T > 16 the
-persistent GEMM's candidates too (``PERSISTENT_TILES``: TMA, flattened tile loops, split tails),
-on the ``gate_up+swiglu`` row as well.
+Per layer (default). For each format (``bf16``: bf16 weights; ``int8``: random int8 rows over
+[-128, 127] with float32 row scales), each layer's weight ([N, K], q/k/v and gate/up fused as the
+engine loads them) and each T: checks the Triton ``linear`` against the twin (backends/reference/
+linear.py) and prints the max error, then times, with bench/timing.py, a CUDA graph of one call per
+weight copy, rotating among enough copies (>= 256 MB in all) that no weight is in the 60 MB L2,
+time / copies: the rule's tiles (``triton us``), cuBLAS bf16 on a bf16 weight of the shape, the BF16
+Triton linear on that weight for int8 rows (``x bf16``: its time over int8's), and at T > 16 where
+the rule takes the persistent TMA GEMM, the tiled GEMM's own rule (``tiled us``, the rule without
+the persistent kernel): the comparison that re-times the prefill rule (``--tokens 128,512,1024,
+4096``). ``--eager`` adds plain calls' time. The ``gate_up+swiglu`` row runs the SwiGLU epilogue.
+Columns: those times, GB/s (weight + scales + activation + output bytes over time), that as a
+fraction of the copy bandwidth (measured in the same run), TFLOP/s at T > 16. ``--sweep`` also times
+other tiles per shape (``sweep_configs``: GEMV tiles, split-K with and without the fused reduce,
+the GEMM's tiles, the persistent kernel's with TMA, flattened loops and split tails; for int8 Triton's
+plain cast), each with its max error against the twin. A kernel-level peer at T = 1 and 16 for int8:
+gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
+built from the same weights and scales; its own kernel choice and autotuning, untimed), or the
+reason it does not import (it needs a GPU to import; bench/device.sh carries it).
 
-Decode step (``--decode-step``, --tokens default 1,4,16). The linears of one whole decode step
-(every layer with its own weights, then the lm_head), replayed from one CUDA graph, as ms per step
-and weight bytes over that as a fraction of the copy bandwidth. Variants: ``cublas`` (torch for
-every projection, SwiGLU as its own op); ``triton`` (the tile rule, SwiGLU fused into gate_up);
-``triton-pdl`` (the same with programmatic dependent launch); ``per-op`` (the residual stream with
-its RMSNorms and residual adds, one kernel per op, PDL: the ``triton`` linear of the engine);
-``fused`` (the RMSNorm in each GEMV's prologue, the residual add in its epilogue, PDL);
-``--alt-tiles`` adds ``triton-pdl/<tile>``: PDL with another T = 1 tile for the layers with N <=
-6,144. PDL variants must equal the plain launch bit for bit, ``fused`` must equal ``per-op``.
+Decode step (``--decode-step``, --tokens default 1,4,16): the linears of one whole decode step
+(every layer with its own weights, the norms as kernels, then the lm_head with float32 logits),
+replayed from one CUDA graph: ms per step and weight bytes over that as a fraction of the copy
+bandwidth. Variants: ``cublas`` (the twin for every projection, the norm, SwiGLU and add as torch
+ops); per format ``per-op`` (one Triton kernel per op, PDL) and ``fused`` (SwiGLU and the residual
+add in the GEMV/GEMM epilogue, PDL: the engine's default). ``fused`` must equal ``per-op`` bit for bit.
 
-With --out DIR the record goes to DIR/linear.json (DIR/linear_decode_step.json with --decode-step).
+Records: kind ``linear`` (one per layer, T and format; ``sweep`` the swept configs) and
+``linear_decode_step``.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import op_benchmark  # noqa: E402
-from limits import copy_bandwidth  # noqa: E402  (bench/, on the path through op_benchmark)
-from shapes import SHAPES  # noqa: E402
-from timing import graph_seconds, median_seconds  # noqa: E402
+from .. import records
+from ..shapes import SHAPES
+from ..timing import copy_bandwidth, graph_seconds, median_seconds
+from . import ROTATION_BYTES, common_arguments, gpu_visible, names
 
-ROTATION_BYTES = op_benchmark.ROTATION_BYTES
-ALT_TILES = {  # name: (BLOCK_N, BLOCK_K, split_k, num_warps, num_stages), for T = 1 small layers
-    "bn4-bk1024-w4": (4, 1024, 1, 4, 1), "bn2-bk1024-w2": (2, 1024, 1, 2, 1), "bn8-bk512-w4": (8, 512, 1, 4, 1),
-    "bn4-bk512-w2-s2": (4, 512, 1, 2, 2), "bn1-bk1024-w2": (1, 1024, 1, 2, 1), "bn4-bk512-split2": (4, 512, 2, 2, 1),
+FORMATS = ("bf16", "int8")
+GEMLITE_TOKENS = (1, 16)  # the step sizes gemlite's A16W8 is timed at (decode, a 16-token verify step)
+# Persistent GEMM candidates for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, options);
+# "split" takes split_plan's rows and K splits for the shape (left out where the plan does not split).
+PERSISTENT_TILES = {
+    "bf16": [(128, 128, 64, 8, 3, "tma"), (128, 128, 64, 8, 4, "tma"), (128, 128, 64, 8, 3, "tma flatten"),
+             (128, 128, 64, 8, 4, "tma flatten"), (128, 128, 64, 8, 3, ""), (128, 128, 64, 8, 3, "tma split"),
+             (128, 256, 64, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma flatten"), (128, 256, 64, 8, 3, "tma split"),
+             (128, 128, 128, 8, 3, "tma"), (128, 128, 64, 4, 4, "tma"), (128, 64, 64, 4, 4, "tma split"),
+             (64, 128, 64, 4, 4, "tma split")],
+    # int8 transposed (swap_ab) but the split tail, which GemmConfig allows only untransposed
+    "int8": [(128, 128, 64, 8, 3, "tma swap"), (128, 128, 128, 8, 3, "tma swap"), (128, 64, 128, 4, 3, "tma swap"),
+             (128, 128, 64, 8, 3, "tma flatten swap"), (128, 128, 64, 8, 3, "swap"), (128, 256, 64, 8, 3, "tma"),
+             (128, 256, 64, 8, 3, "tma flatten"), (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split")],
 }
+GEMV_TILES = {  # (BLOCK_N, BLOCK_K, num_warps, num_stages) swept at T = 1 and at T = 2..16
+    (1, "bf16"): [(16, 512, 4, 1), (8, 512, 4, 1), (8, 512, 2, 1), (4, 512, 2, 1), (4, 512, 1, 1), (16, 256, 4, 1),
+                  (8, 256, 2, 1), (8, 1024, 4, 1), (16, 1024, 8, 1), (4, 1024, 4, 1)],
+    (1, "int8"): [(4, 1024, 2, 1), (4, 2048, 4, 1), (8, 1024, 4, 1), (2, 2048, 2, 1), (4, 512, 1, 1), (8, 512, 2, 1),
+                  (16, 1024, 8, 1), (4, 1024, 4, 1), (2, 1024, 2, 1), (4, 512, 2, 1)],
+    (2, "bf16"): [(32, 256, 4, 3), (32, 128, 4, 4), (64, 256, 4, 3), (64, 128, 4, 3), (16, 256, 4, 3),
+                  (16, 512, 4, 2), (16, 128, 2, 4), (16, 256, 2, 3), (32, 128, 2, 4), (32, 256, 8, 3)],
+    (2, "int8"): [(32, 256, 4, 4), (32, 128, 4, 4), (32, 512, 4, 3), (64, 256, 4, 3), (16, 256, 4, 3),
+                  (16, 512, 4, 2), (16, 128, 2, 4), (64, 128, 4, 4)],
+}
+PERSISTENT_FIELDS = ("persistent", "tma", "flatten", "split_rows", "split_k", "programs")
 
 
-def parse_args(argv: list[str] | None):
-    p = op_benchmark.parser(__doc__, tokens="", tokens_help="1,4,16,1024; with --decode-step 1,4,16")
+def arguments(p) -> None:
+    p.description, p.epilog = __doc__.split("\n\n")[0], __doc__.split("\n\n", 1)[1]
+    common_arguments(p, None, "1,4,16,1024; with --decode-step 1,4,16")
+    p.add_argument("--formats", type=names, default=list(FORMATS), help="weight formats: bf16, int8 (default both)")
     p.add_argument("--sweep", action="store_true", help="also time alternative tiles (per-layer mode)")
     p.add_argument("--eager", action="store_true", help="also time plain calls, host launch overhead included")
     p.add_argument("--decode-step", action="store_true", help="time a whole decode step's linears instead")
-    p.add_argument("--alt-tiles", action="store_true", help="with --decode-step: also time the alternative T = 1 tiles")
-    args = op_benchmark.parse_args(p, argv)
-    args.tokens = args.tokens or ([1, 4, 16] if args.decode_step else [1, 4, 16, 1024])
-    return args
 
 
 def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
@@ -73,73 +92,59 @@ def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
             "lm_head": (s["vocab_size"], h)}
 
 
+def weight(fmt: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(w, scale)``: bf16 ~ N(0, 1/K) (scale None), or int8 over [-128, 127] with row scales."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    if fmt == "bf16":
+        return (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(torch.bfloat16), None
+    q = torch.randint(-128, 128, (n, k), generator=g, device="cuda", dtype=torch.int8)
+    return q, (torch.rand(n, generator=g, device="cuda") + 0.5) / (k * 5461.5) ** 0.5
+
+
+def as_bf16(w: tuple) -> torch.Tensor:
+    return w[0] if w[1] is None else (w[0].float() * w[1][:, None]).to(torch.bfloat16)
+
+
 def rotated_seconds(fn, weights, repeats: int) -> float:
-    """Seconds per call of fn(w) from a CUDA graph of one call per weight copy (each reads a weight
-    not in L2)."""
+    """Seconds per call of fn(w) from a CUDA graph of one call per weight copy (each not in L2)."""
     return graph_seconds(lambda: [fn(w) for w in weights], repeats=repeats, calls=len(weights))
 
 
-# Persistent GEMM candidates (linear_gemm_persistent.py) for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K,
-# num_warps, num_stages, options); "split" takes split_plan's rows and K splits for the shape (and
-# is left out where the plan does not split).
-PERSISTENT_TILES = [
-    (128, 128, 64, 8, 3, "tma"), (128, 128, 64, 8, 4, "tma"), (128, 128, 64, 8, 3, "tma flatten"),
-    (128, 128, 64, 8, 4, "tma flatten"), (128, 128, 64, 8, 3, ""), (128, 128, 64, 8, 3, "tma split"),
-    (128, 256, 64, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma flatten"), (128, 256, 64, 8, 3, "tma split"),
-    (128, 128, 128, 8, 3, "tma"), (128, 128, 64, 4, 4, "tma"), (128, 64, 64, 4, 4, "tma split"),
-    (64, 128, 64, 4, 4, "tma split"),
-]
+def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str):
+    """The configs ``--sweep`` times for an ``[n, k]`` weight at T = ``t`` (see the module docstring)."""
+    from tileinfer.backends.triton.linear_tiles import (GEMM_TILES, GemmConfig, GemvConfig, gemm_config, gemv_config,
+                                                        gemv_split_k, split_plan)
 
-
-PERSISTENT_FIELDS = ("persistent", "tma", "flatten", "split_rows", "split_k", "programs")
-
-
-def persistent_configs(cls, t: int, n: int, k: int, sms: int, tiles, **fixed):
-    """``cls`` (GemmConfig / Int8GemmConfig) persistent configs of ``tiles`` for a GEMM of ``t`` rows
-    on an ``[n, k]`` weight; the split ones with ``split_plan``'s rows and K splits, skipped where
-    the plan does not split."""
-    from tileinfer.backends.triton.linear_gemm_persistent import split_plan
-
-    for bm, bn, bk, w, s, options in tiles:
-        opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, **fixed)
-        if "split" in options:
-            rows, splits = split_plan(t, n, k, bm, bn, bk, sms)
-            if rows == 0:
-                continue
-            opts |= dict(split_rows=rows, split_k=splits)
-        yield cls(bm, bn, bk, 8, w, s, **opts)
-
-
-def sweep_configs(n: int, k: int, t: int, sms: int):
-    from tileinfer.backends.triton.linear_gemm import GEMM_TILES, GemmConfig
-    from tileinfer.backends.triton.linear_gemv import GemvConfig, gemv_split_k
-
+    int8 = fmt == "int8"
     if t > 16:
-        for bm, bn, bk, w, s, _ in list(GEMM_TILES) + [(128, 128, 64, 8, 4, 0), (128, 256, 64, 8, 3, 0),
-                                                       (128, 128, 128, 8, 3, 0)]:
-            yield GemmConfig(bm, bn, bk, 8, w, s)
-        yield from persistent_configs(GemmConfig, t, n, k, sms, PERSISTENT_TILES)
+        rule = gemm_config(t, n, k, sms, int8=int8)
+        if int8:
+            yield GemmConfig(**{**rule.__dict__, "bit_convert": False})
+        for bm, bn, bk, w, s, _ in GEMM_TILES["int8" if int8 else "none"][:2]:
+            yield GemmConfig(bm, bn, bk, 8, w, s, swap_ab=int8)
+        for bm, bn, bk, w, s, options in PERSISTENT_TILES[fmt]:
+            opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, swap_ab="swap" in options)
+            if "split" in options:
+                rows, splits = split_plan(t, n, k, bm, bn, bk, sms)
+                if rows == 0:
+                    continue
+                opts |= dict(split_rows=rows, split_k=splits)
+            yield GemmConfig(bm, bn, bk, 8, w, s, **opts)
         return
-    if t == 1:
-        tiles = [(16, 512, 4, 1), (16, 512, 4, 2), (8, 512, 4, 1), (8, 512, 2, 1), (4, 512, 2, 1), (4, 512, 1, 1),
-                 (16, 256, 4, 1), (8, 256, 2, 1), (32, 512, 8, 1), (8, 1024, 4, 1), (16, 1024, 8, 1)]
-    else:
-        tiles = [(32, 256, 4, 3), (32, 256, 4, 2), (32, 128, 4, 4), (64, 256, 4, 3), (64, 128, 4, 3),
-                 (16, 256, 4, 3), (16, 256, 4, 2), (16, 512, 4, 2), (32, 512, 4, 2), (64, 256, 8, 3),
-                 (16, 128, 2, 4), (16, 256, 2, 3), (16, 512, 2, 2), (32, 128, 2, 4), (16, 1024, 4, 2),
-                 (32, 256, 8, 3)]
-    for bn, bk, w, s in tiles:
+    if int8:
+        yield GemvConfig(**{**gemv_config(n, k, t, sms, int8=True).__dict__, "bit_convert": False})
+    for bn, bk, w, s in GEMV_TILES[(min(t, 2), fmt)]:
+        bk = min(bk, max(16, 2 ** math.ceil(math.log2(k))))
         rule = gemv_split_k(n, k, bn, bk, sms)
         for split in sorted({1, rule, min(2 * rule, -(-k // bk))}):
-            yield GemvConfig(bn, bk, split, w, s)
+            yield GemvConfig(bn, bk, split, w, s, late_launch=t > 1)
             if split > 1:  # the partials added by the last split's program instead of a reduce kernel
-                yield GemvConfig(bn, bk, split, w, s, fused_reduce=True)
+                yield GemvConfig(bn, bk, split, w, s, fused_reduce=True, late_launch=t > 1)
 
 
 def sweep(fn, weights, configs, expected: torch.Tensor, moved: int, bandwidth: float, repeats: int) -> list[dict]:
     """Each config's time of ``fn(w, cfg)`` over the rotating ``weights`` and its max error against
-    ``expected`` (``fn(weights[0], cfg)``'s reference); a config that fails to compile or run is
-    reported with its error."""
+    ``expected``; a config that fails to compile or run is reported with its error."""
     rows = []
     for cfg in configs:
         try:
@@ -152,208 +157,231 @@ def sweep(fn, weights, configs, expected: torch.Tensor, moved: int, bandwidth: f
     return rows
 
 
+def describe(c: dict) -> str:
+    name = "x".join(str(c[f]) for f in (("block_m", "block_n", "block_k") if "block_m" in c else ("block_n", "block_k")))
+    name += f" w{c['num_warps']} s{c['num_stages']}" + "".join(
+        f" {f}" for f in ("persistent", "tma", "flatten", "swap_ab", "fused_reduce") if c.get(f))
+    name += f" split{c['split_k']}" if c.get("split_k", 1) > 1 and "block_m" not in c else ""
+    name += f" tail {c['split_rows']}x{c['split_k']}" if c.get("split_rows") else ""
+    return name + ("" if c.get("bit_convert", True) else " cast")
+
+
 def print_best(rows: list[dict], best: int = 3) -> None:
-    """The ``best`` fastest swept configs of a row (the persistent GEMM's named by its options), and
-    the fastest persistent one if it is not among them; errors are counted."""
+    """The ``best`` fastest swept configs (and the fastest persistent one); failures counted."""
     timed = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
-    shown = timed[:best] + [r for r in timed[best:] if r["config"].get("persistent")][:1]
-    for r in shown:
-        c = r["config"]
-        name = tuple(v for k, v in c.items() if k not in PERSISTENT_FIELDS)
-        if c.get("persistent"):
-            name = f"{name} persistent" + "".join(f" {k}" for k in ("tma", "flatten") if c[k])
-            name += f" split {c['split_rows']}x{c['split_k']}" if c["split_rows"] else ""
-        print(f"{'':>42} sweep {r['us']:8.1f} us {r['copy_fraction']:6.1%} err {r['max_abs_err']:.1e}  {name}")
+    for r in timed[:best] + [r for r in timed[best:] if r["config"].get("persistent")][:1]:
+        print(f"{'':>42} sweep {r['us']:8.1f} us {r['copy_fraction']:6.1%} err {r['max_abs_err']:.1e}  "
+              f"{describe(r['config'])}")
     if len(timed) < len(rows):
         print(f"{'':>42} sweep: {len(rows) - len(timed)} configs failed (their errors are in the record)")
 
 
-def per_layer(args, bandwidth: float, sms: int) -> dict:
+def gemlite_a16w8():
+    """``(build, what)``: ``build(q, scale)`` makes gemlite's A16W8 linear from an int8 weight ``q``
+    ``[N, K]`` and its float32 scales ``[N]``, ``what`` gemlite's version; or ``(None, why)`` where
+    gemlite does not import."""
+    try:
+        import gemlite
+        from gemlite.helper import A16W8_INT8
+    except Exception as exc:  # noqa: BLE001 - any import failure is recorded as the reason
+        return None, f"gemlite does not import ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
+
+    def build(q: torch.Tensor, scale: torch.Tensor):
+        return A16W8_INT8(device=str(q.device), dtype=torch.bfloat16).from_weights(weight=q, scales=scale[:, None])
+
+    return build, f"gemlite {gemlite.__version__}"
+
+
+def gemlite_row(layers: list | str, x: torch.Tensor, expected: torch.Tensor, repeats: int) -> dict:
+    """gemlite's time per call over the rotated weight copies ``layers`` and its max error against
+    the twin's ``expected``; ``gemlite_error`` instead where it was not built (``layers`` is then the
+    reason) or failed."""
+    if isinstance(layers, str):
+        return {"gemlite_error": layers}
+    try:
+        err = (layers[0](x).float() - expected.float()).abs().max().item()
+        return {"gemlite_us": rotated_seconds(lambda g: g(x), layers, repeats) * 1e6, "gemlite_max_abs_err": err}
+    except Exception as e:  # noqa: BLE001 - a peer kernel that fails is reported, the sweep goes on
+        return {"gemlite_error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
+
+
+def layer_rows(args, run, fmt: str, model: str, layer: str, n: int, k: int, bandwidth: float, sms: int) -> None:
+    """The records of one weight (every T, with and without SwiGLU) in ``fmt``."""
     from tileinfer.backends.reference.linear import linear as ref_linear
-    from tileinfer.backends.reference.silu_mul import silu_mul as ref_silu_mul
-    from tileinfer.backends.triton.linear import gemm_config, gemv_config, linear
+    from tileinfer.backends.triton.linear import linear, rule_config
+    from tileinfer.backends.triton.linear_tiles import gemm_config
 
-    records = []
-    print(f"{'model':<11} {'layer':<15} {'N x K':>13} {'T':>5} {'triton us':>10} {'cublas us':>10} "
-          f"{'GB/s':>7} {'of copy':>7} {'TFLOP/s':>8} {'cublas TF':>9} {'max err':>9}  config")
-    for model in args.models:
-        for layer, (n, k) in layer_shapes(model).items():
-            torch.cuda.empty_cache()
-            copies = max(2, math.ceil(ROTATION_BYTES / (n * k * 2)))
-            weights = [(torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16) for _ in range(copies)]
-            out_dtype = torch.float32 if layer == "lm_head" else torch.bfloat16
-            for swiglu, name in [(False, layer)] + ([(True, "gate_up+swiglu")] if layer == "gate_up" else []):
-                for t in args.tokens:
-                    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
+    copies = max(2, math.ceil(ROTATION_BYTES / (n * k * (1 if fmt == "int8" else 2))))
+    weights = [weight(fmt, n, k, seed) for seed in range(copies)]
+    bf16 = [(as_bf16(w), None) for w in weights[:max(2, copies // (2 if fmt == "int8" else 1))]]
+    out_dtype = torch.float32 if layer == "lm_head" else torch.bfloat16
+    peers: list | str | None = None
+    for swiglu, name in [(False, layer)] + ([(True, "gate_up+swiglu")] if layer == "gate_up" else []):
+        for t in args.tokens:
+            x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
 
-                    def triton_fn(w, cfg=None, x=x, swiglu=swiglu):
-                        return linear(x, w, out_dtype=out_dtype, swiglu=swiglu, config=cfg)
+            def triton_fn(w, cfg=None, x=x, swiglu=swiglu):
+                return linear(x, *w, out_dtype=out_dtype, swiglu=swiglu, config=cfg)
 
-                    def torch_fn(w, x=x, swiglu=swiglu):
-                        y = ref_linear(x, w, out_dtype)
-                        return ref_silu_mul(y) if swiglu else y
+            def cublas_fn(w, x=x, swiglu=swiglu):
+                return ref_linear(x, w[0], out_dtype=out_dtype, swiglu=swiglu)
 
-                    y, expected = triton_fn(weights[0]), torch_fn(weights[0])
-                    err = (y.float() - expected.float()).abs().max().item()
-                    t_triton = rotated_seconds(triton_fn, weights, args.repeats)
-                    t_torch = rotated_seconds(torch_fn, weights, args.repeats)
-                    t_eager = None
-                    if args.eager:
-                        t_eager = median_seconds(lambda: [triton_fn(w) for w in weights], "cuda") / len(weights)
-                    n_out = n // 2 if swiglu else n
-                    moved = n * k * 2 + t * k * 2 + t * n_out * out_dtype.itemsize
-                    flops = 2 * t * n * k
-                    cfg = gemv_config(n, k, t, sms) if t <= 16 else gemm_config(t, n, k, sms)
-                    rec = dict(model=model, layer=name, N=n, K=k, T=t, swiglu=swiglu, out_dtype=str(out_dtype)[6:],
-                               triton_us=t_triton * 1e6, cublas_us=t_torch * 1e6,
-                               triton_eager_us=t_eager * 1e6 if t_eager else None,
-                               triton_gb_s=moved / t_triton / 1e9, cublas_gb_s=moved / t_torch / 1e9,
-                               copy_fraction=moved / t_triton / bandwidth, triton_tflop_s=flops / t_triton / 1e12,
-                               cublas_tflop_s=flops / t_torch / 1e12, max_abs_err=err,
-                               max_abs_ref=expected.float().abs().max().item(), config=cfg.__dict__)
-                    if args.sweep and (not swiglu or t > 16):
-                        rec["sweep"] = sweep(lambda w, cfg: triton_fn(w, cfg), weights, sweep_configs(n, k, t, sms),
-                                             expected, moved, bandwidth, args.repeats)
-                    records.append(rec)
-                    tf = f"{rec['triton_tflop_s']:8.1f} {rec['cublas_tflop_s']:9.1f}" if t > 16 else f"{'':8} {'':9}"
-                    print(f"{model:<11} {name:<15} {f'{n}x{k}':>13} {t:>5} {rec['triton_us']:10.1f} "
-                          f"{rec['cublas_us']:10.1f} {rec['triton_gb_s']:7.0f} {rec['copy_fraction']:7.1%} {tf} "
-                          f"{err:9.2e}  {tuple(cfg.__dict__.values())}"
-                          + (f"  eager {rec['triton_eager_us']:.1f} us" if t_eager else ""), flush=True)
-                    print_best(rec.get("sweep", []))
-            del weights
-    gemv = [r for r in records if r["T"] <= 16 and not r["swiglu"]]
+            expected = ref_linear(x, *weights[0], out_dtype=out_dtype, swiglu=swiglu)
+            err = (triton_fn(weights[0]).float() - expected.float()).abs().max().item()
+            cfg = rule_config(x, *weights[0], swiglu=swiglu, out_dtype=out_dtype)
+            us = {"triton_us": rotated_seconds(triton_fn, weights, args.repeats),
+                  "cublas_us": rotated_seconds(cublas_fn, bf16, args.repeats),
+                  "bf16_triton_us": rotated_seconds(triton_fn, bf16, args.repeats) if fmt == "int8" else None,
+                  "tiled_us": None, "triton_eager_us": None}
+            if t > 16 and cfg.persistent:
+                tiled = gemm_config(t, n, k, sms, int8=fmt == "int8", swiglu=swiglu)
+                us["tiled_us"] = rotated_seconds(lambda w: triton_fn(w, tiled), weights, args.repeats)
+            if args.eager:
+                us["triton_eager_us"] = median_seconds(lambda: [triton_fn(w) for w in weights], "cuda") / len(weights)
+            us = {key: None if v is None else v * 1e6 for key, v in us.items()}
+            n_out = n // 2 if swiglu else n
+            moved = n * k * (1 if fmt == "int8" else 2) + (4 * n if fmt == "int8" else 0) + 2 * t * k \
+                + t * n_out * out_dtype.itemsize
+            seconds = us["triton_us"] / 1e6
+            rec = dict(format=fmt, model=model, layer=name, N=n, K=k, T=t, swiglu=swiglu, sms=sms,
+                       out_dtype=str(out_dtype)[6:], **us, gb_s=moved / seconds / 1e9,
+                       copy_fraction=moved / seconds / bandwidth, tflop_s=2 * t * n * k / seconds / 1e12,
+                       max_abs_err=err, max_abs_ref=expected.float().abs().max().item(), config=cfg.__dict__,
+                       copy_bandwidth_tb_s=bandwidth / 1e12)
+            if args.sweep and (not swiglu or t > 16):
+                rec["sweep"] = sweep(triton_fn, weights, sweep_configs(n, k, t, sms, fmt), expected, moved, bandwidth,
+                                     args.repeats)
+            if fmt == "int8" and not swiglu and t in GEMLITE_TOKENS:
+                build, rec["gemlite"] = gemlite_a16w8()
+                if peers is None:
+                    try:
+                        peers = [build(*w) for w in weights] if build else rec["gemlite"]
+                    except Exception as e:  # noqa: BLE001 - recorded per row
+                        peers = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+                rec.update(gemlite_row(peers, x, expected, args.repeats))
+            run.add("linear", **rec)
+            cell = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"  # noqa: E731
+            print(f"{fmt:<5} {model:<11} {name:<15} {f'{n}x{k}':>12} {t:>5} {cell(rec['triton_us'])} "
+                  f"{cell(rec['tiled_us'])} {cell(rec['cublas_us'])} {cell(rec['bf16_triton_us'])} "
+                  f"{rec['copy_fraction']:7.1%} {rec['tflop_s'] if t > 16 else 0:8.1f} {err:9.2e}  {describe(cfg.__dict__)}"
+                  + (f"  gemlite {rec['gemlite_us']:.1f} us" if "gemlite_us" in rec else ""), flush=True)
+            print_best(rec.get("sweep", []))
+
+
+def per_layer(args, run, bandwidth: float, sms: int) -> None:
+    print(f"{'fmt':<5} {'model':<11} {'layer':<15} {'N x K':>12} {'T':>5} {'triton us':>9} {'tiled us':>9} "
+          f"{'cublas us':>9} {'bf16 us':>9} {'of copy':>7} {'TFLOP/s':>8} {'max err':>9}  config")
+    for fmt in args.formats:
+        for model in args.models:
+            for layer, (n, k) in layer_shapes(model).items():
+                torch.cuda.empty_cache()
+                layer_rows(args, run, fmt, model, layer, n, k, bandwidth, sms)
+    gemv = [r for r in run.records if r["T"] <= 16 and not r["swiglu"]]
     if gemv:
         print(f"GEMV median fraction of copy bandwidth: {statistics.median(r['copy_fraction'] for r in gemv):.1%}")
-    return dict(sms=sms, results=records)
 
 
-def step_fn(layers, lm_head, dims, x, kind: str, tiles: dict | None = None, pdl: bool = False):
-    """A function that runs every layer's projections on x [T, h] and returns the logits."""
+def step_fn(layers, lm_head, dims, x, kind: str):
+    """One decode step's projections on x [T, hidden] (norms, SwiGLU, residual adds) -> the logits:
+    ``cublas`` the twins, ``per-op`` / ``fused`` the Triton kernels with PDL (the fused call's tiles)."""
     from tileinfer.backends.reference.linear import linear as ref_linear
-    from tileinfer.backends.reference.silu_mul import silu_mul as ref_silu_mul
-    from tileinfer.backends.triton.linear import linear
+    from tileinfer.backends.reference.rms_norm import rms_norm as ref_rms_norm
+    from tileinfer.backends.triton.add import add
+    from tileinfer.backends.triton.linear import linear, rule_config
+    from tileinfer.backends.triton.rms_norm import rms_norm
+    from tileinfer.backends.triton.silu_mul import silu_mul
 
-    if kind in ("per-op", "fused"):
-        from tileinfer.backends.triton.add import add
-        from tileinfer.backends.triton.linear import norm_warps
-        from tileinfer.backends.triton.rms_norm import rms_norm
-        from tileinfer.backends.triton.silu_mul import silu_mul
-
-        def per_op(a, w, swiglu=False, norm_weight=None, residual=None, out_dtype=None, pdl=False):
-            """One kernel per op: the norm with the GEMV prologue's warps, the GEMV, SwiGLU, the add."""
-            if norm_weight is not None:
-                a = rms_norm(a, norm_weight, 1e-6, pdl=pdl, num_warps=norm_warps(a.shape[0], *w.shape))
-            y = linear(a, w, out_dtype=out_dtype, pdl=pdl)
-            y = silu_mul(y, pdl=pdl) if swiglu else y
-            return y if residual is None else add(y, residual, pdl=pdl)
-
-        lin = linear if kind == "fused" else per_op
-
-        def residual_stream():
-            h = x
-            for layer in layers:
-                qkv = lin(h, layer["qkv"], norm_weight=layer["input_norm"], pdl=pdl)
-                h = lin(qkv[:, :dims["q"]], layer["o"], residual=h, pdl=pdl)
-                act = lin(h, layer["gate_up"], swiglu=True, norm_weight=layer["post_norm"], pdl=pdl)
-                h = lin(act, layer["down"], residual=h, pdl=pdl)
-            return lin(h, lm_head, out_dtype=torch.float32, norm_weight=dims["final_norm"], pdl=pdl)
-
-        return residual_stream
-
-    def project(a, w, swiglu=False, out_dtype=None):
+    def lin(a, w, norm=None, swiglu=False, residual=None, out_dtype=None):
         if kind == "cublas":
-            y = ref_linear(a, w, out_dtype)
-            return ref_silu_mul(y) if swiglu else y
-        cfg = tiles.get(tuple(w.shape)) if tiles and a.shape[0] == 1 else None
-        return linear(a, w, swiglu=swiglu, out_dtype=out_dtype, config=cfg, pdl=pdl)
+            a = a if norm is None else ref_rms_norm(a, norm, 1e-6)
+            return ref_linear(a, *w, out_dtype=out_dtype, swiglu=swiglu, residual=residual)
+        a = a if norm is None else rms_norm(a, norm, 1e-6, pdl=True)
+        if kind == "fused":
+            return linear(a, *w, out_dtype=out_dtype, swiglu=swiglu, residual=residual, pdl=True)
+        cfg = rule_config(a, *w, swiglu=swiglu, out_dtype=out_dtype)
+        y = linear(a, *w, out_dtype=out_dtype, config=cfg, pdl=True)
+        y = silu_mul(y, pdl=True) if swiglu else y
+        return y if residual is None else add(y, residual, pdl=True)
 
     def run():
-        a = x
-        for layer in layers:
-            qkv = project(a, layer["qkv"])
-            o = project(qkv[:, :dims["q"]], layer["o"])
-            a = project(project(o, layer["gate_up"], swiglu=True), layer["down"])
-        return project(a, lm_head, out_dtype=torch.float32)
+        h = x
+        for la in layers:
+            qkv = lin(h, la["qkv"], norm=la["input_norm"])
+            h = lin(qkv[:, :dims["q"]], la["o"], residual=h)
+            h = lin(lin(h, la["gate_up"], norm=la["post_norm"], swiglu=True), la["down"], residual=h)
+        return lin(h, lm_head, norm=dims["final_norm"], out_dtype=torch.float32)
 
     return run
 
 
-def decode_step(args, bandwidth: float) -> dict:
-    from tileinfer.backends.triton.linear_gemv import GemvConfig
-
-    records = []
+def decode_step(args, run, bandwidth: float) -> None:
     for model in args.models:
-        torch.manual_seed(0)
         s = SHAPES[model]
         h, d, i = s["hidden_size"], s["head_dim"], s["intermediate_size"]
         q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
-        weight = lambda n, k: (torch.randn(n, k, device="cuda") / k**0.5).to(torch.bfloat16)  # noqa: E731
+        shapes = dict(qkv=(q + 2 * kv, h), o=(h, q), gate_up=(2 * i, h), down=(h, i))
         norm = lambda: (torch.rand(h, device="cuda") + 0.5).to(torch.bfloat16)  # noqa: E731
-        layers = [dict(qkv=weight(q + 2 * kv, h), o=weight(h, q), gate_up=weight(2 * i, h), down=weight(h, i),
-                       input_norm=norm(), post_norm=norm()) for _ in range(s["num_hidden_layers"])]
-        lm_head, dims = weight(s["vocab_size"], h), dict(q=q, final_norm=norm())
-        weight_bytes = 2 * (lm_head.numel() + sum(w.numel() for la in layers for w in la.values() if w.dim() == 2))
-        for t in args.tokens:
-            x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
-            variants = {"cublas": step_fn(layers, lm_head, dims, x, "cublas"),
-                        "triton": step_fn(layers, lm_head, dims, x, "triton"),
-                        "triton-pdl": step_fn(layers, lm_head, dims, x, "triton", pdl=True),
-                        "per-op": step_fn(layers, lm_head, dims, x, "per-op", pdl=True),
-                        "fused": step_fn(layers, lm_head, dims, x, "fused", pdl=True)}
-            if t == 1 and args.alt_tiles:
-                for name, (bn, bk, split, warps, stages) in ALT_TILES.items():
-                    tiles = {shape: GemvConfig(bn, min(bk, shape[1]), split, warps, stages)
-                             for shape in [(q + 2 * kv, h), (h, q), (h, i)]}
-                    variants[f"triton-pdl/{name}"] = step_fn(layers, lm_head, dims, x, "triton", tiles, pdl=True)
-            plain, chain = variants["triton"]().clone(), variants["per-op"]().clone()
-            base = None
-            for name, fn in variants.items():
-                got = fn().clone()
-                if name == "triton-pdl":
-                    assert torch.equal(got, plain), "triton-pdl differs from the plain launch"
-                if name == "fused":
-                    assert torch.equal(got, chain), "fused differs from per-op"
-                ref = chain if name in ("per-op", "fused") else plain
-                err = ((got - ref).norm() / ref.norm()).item()
-                seconds = graph_seconds(fn, repeats=args.repeats)
-                base = base or seconds
-                frac = weight_bytes / seconds / bandwidth
-                print(f"{model:<11} T={t:<3} {name:<28} {seconds * 1e6:8.1f} us  {frac:6.1%} of copy BW  "
-                      f"x{base / seconds:5.2f} vs cublas  rel.err {err:.1e}", flush=True)
-                records.append(dict(model=model, T=t, variant=name, us=seconds * 1e6, bandwidth_fraction=frac,
-                                    speedup_vs_cublas=base / seconds, rel_err=err, weight_bytes=weight_bytes))
-        del layers, lm_head
-        torch.cuda.empty_cache()
-    return dict(results=records)
+        for fmt in args.formats:
+            layers = [{name: weight(fmt, *shape, 10 * n + j) for j, (name, shape) in enumerate(shapes.items())}
+                      | dict(input_norm=norm(), post_norm=norm()) for n in range(s["num_hidden_layers"])]
+            lm_head, dims = weight(fmt, s["vocab_size"], h, 7), dict(q=q, final_norm=norm())
+            ws = [w for la in layers for w in la.values() if isinstance(w, tuple)] + [lm_head]
+            weight_bytes = sum(w.numel() * w.element_size() + (0 if sc is None else 4 * sc.numel()) for w, sc in ws)
+            for t in args.tokens:
+                x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
+                kinds = ("cublas", "per-op", "fused") if fmt == "bf16" else ("per-op", "fused")
+                fns = {kind: step_fn(layers, lm_head, dims, x, kind) for kind in kinds}
+                chain = fns["per-op"]().clone()
+                assert torch.equal(fns["fused"](), chain), f"{fmt} fused differs from per-op"
+                for kind, fn in fns.items():
+                    seconds = graph_seconds(fn, repeats=args.repeats)
+                    frac = weight_bytes / seconds / bandwidth
+                    print(f"{model:<11} {fmt:<5} T={t:<3} {kind:<8} {seconds * 1e3:8.3f} ms  {frac:6.1%} of copy BW",
+                          flush=True)
+                    run.add("linear_decode_step", format=fmt, model=model, T=t, variant=kind, ms=seconds * 1e3,
+                            weight_bytes=weight_bytes, bandwidth_fraction=frac, copy_bandwidth_tb_s=bandwidth / 1e12)
+            del layers, lm_head, ws
+            torch.cuda.empty_cache()
 
 
-def run(argv: list[str] | None, script: str, record: str, parse_args, per_layer, decode_step) -> int:
-    """The main of this benchmark and of linear_int8.py: ``script``'s arguments, the GPU check, the
-    device line, ``per_layer`` or ``decode_step`` (``--decode-step``), and the JSON record
-    ``record`` (``record``_decode_step)."""
-    args = parse_args(argv)
-    if not op_benchmark.gpu_visible(script):
+def main(args) -> int:
+    if not gpu_visible("linear"):
+        return 2
+    if any(f not in FORMATS for f in args.formats):
+        print(f"error: --formats takes {', '.join(FORMATS)}, got {','.join(args.formats)}")
         return 2
     import triton
 
     from tileinfer.backends.triton.interpreter import num_sms
 
-    t_start = time.perf_counter()
+    args.tokens = args.tokens or ([1, 4, 16] if args.decode_step else [1, 4, 16, 1024])
+    began = time.perf_counter()
     sms = num_sms(torch.cuda.current_device())
     bandwidth = copy_bandwidth(torch.device("cuda"))
-    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy bandwidth {bandwidth / 1e12:.2f} TB/s "
-          f"(read + write), torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    result = decode_step(args, bandwidth) if args.decode_step else per_layer(args, bandwidth, sms)
-    print(f"total {time.perf_counter() - t_start:.0f} s")
-    name = f"{record}_decode_step" if args.decode_step else record
-    op_benchmark.write_record(args.out, name, dict(copy_bandwidth_tb_s=bandwidth / 1e12, **result))
+    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write), "
+          f"torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    run = records.Run("cuda", commit=args.commit, path=args.records)
+    decode_step(args, run, bandwidth) if args.decode_step else per_layer(args, run, bandwidth, sms)
+    print(f"{time.perf_counter() - began:.0f} s; appended {len(run.records)} records to {run.path}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run(argv, "linear.py", "linear", parse_args, per_layer, decode_step)
+def tables() -> list:
+    from ..report import Table, markdown, number
 
+    def per_layer_table(rows: list[dict]) -> str:
+        body = [[r["format"], r["layer"], str(r["T"]), number(r.get("triton_us")), number(r.get("tiled_us")),
+                 number(r.get("cublas_us")), number(r.get("bf16_triton_us")), f"{r.get('copy_fraction', 0):.1%}",
+                 describe(r["config"])] for r in sorted(rows, key=lambda r: (r["format"], r["T"], r["layer"]))]
+        return markdown(["format", "layer", "T", "Triton us (rule)", "tiled GEMM us", "cuBLAS bf16 us",
+                         "BF16 Triton us", "of copy bandwidth", "rule's tiles"], body)
 
-if __name__ == "__main__":
-    sys.exit(main())
+    def step_table(rows: list[dict]) -> str:
+        body = [[r["format"], str(r["T"]), r["variant"], f"{r['ms']:.3f}", f"{r['bandwidth_fraction']:.1%}"]
+                for r in sorted(rows, key=lambda r: (r["format"], r["T"], r["variant"]))]
+        return markdown(["format", "T", "variant", "ms", "weights at of copy bandwidth"], body)
+
+    return [Table("linear", "{group}: the linear per layer", per_layer_table, group=lambda r: r["model"],
+                  select=lambda r: "triton_us" in r and "gb_s" in r),
+            Table("linear_decode_step", "{group}: a decode step's linears", step_table, group=lambda r: r["model"],
+                  select=lambda r: "ms" in r and "variant" in r)]

@@ -15,7 +15,6 @@ from bench import matrix, peers, records
 from bench.__main__ import main as bench
 from bench.shapes import write_random_checkpoint
 from bench.workloads import workloads
-from conftest import load_script
 
 
 @pytest.fixture(scope="module")
@@ -123,24 +122,29 @@ def test_peers_of_other_commands_follow_and_absent_peers_are_named():
 
 
 def test_gemlite_column_records_why_where_gemlite_does_not_import(monkeypatch):
-    bench = load_script("bench/kernels/linear_int8.py", "tileinfer_bench_kernels_linear_int8")
+    from bench.kernels import linear
+
     monkeypatch.setitem(sys.modules, "gemlite", None)
-    build, why = bench.gemlite_a16w8()
+    build, why = linear.gemlite_a16w8()
     assert build is None and why.startswith("gemlite does not import (ModuleNotFoundError")
-    assert bench.gemlite_row("ValueError: no", None, None, 1) == {"gemlite_error": "ValueError: no"}
+    assert linear.gemlite_row("ValueError: no", None, None, 1) == {"gemlite_error": "ValueError: no"}
 
 
 @pytest.mark.gpu
 def test_gemlite_a16w8_from_our_int8_weights_matches_the_twin(tmp_path):
     """On the GPU (gemlite carried by bench/device.sh): T = 1 and 16 rows have gemlite's time and
     an error at bfloat16 rounding against the dequantize twin; other rows have no gemlite column."""
-    bench = load_script("bench/kernels/linear_int8.py", "tileinfer_bench_kernels_linear_int8")
-    assert bench.main(["--models", "tiny", "--tokens", "1,4,16", "--repeats", "3", "--out", str(tmp_path)]) == 0
-    record = json.loads((tmp_path / "linear_int8.json").read_text())
-    if record["gemlite"].startswith("gemlite does not import"):
-        pytest.skip(record["gemlite"])
-    for r in record["results"]:
-        if r["T"] in bench.GEMLITE_TOKENS and not r["swiglu"]:
+    from bench.kernels.linear import GEMLITE_TOKENS
+
+    store = tmp_path / "records.jsonl"
+    assert bench(["kernels", "linear", "--models", "tiny", "--tokens", "1,4,16", "--formats", "int8", "--repeats", "3",
+                  "--records", str(store)]) == 0
+    rows = [r for r in records.load(store) if r["kind"] == "linear"]
+    reason = next(r["gemlite"] for r in rows if "gemlite" in r)
+    if reason.startswith("gemlite does not import"):
+        pytest.skip(reason)
+    for r in rows:
+        if r["T"] in GEMLITE_TOKENS and not r["swiglu"]:
             assert "gemlite_error" not in r, r
             assert r["gemlite_us"] > 0 and r["gemlite_max_abs_err"] <= 0.02 * r["max_abs_ref"], r
         else:

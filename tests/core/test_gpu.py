@@ -68,6 +68,6 @@ def test_default_config_end_to_end_in_bfloat16(checkpoint_factory):
 
     for keys in ({"pipelined": False},
                  {"options": {"triton": {"fuse_epilogue": False, "fuse_inputs": False}}},
-                 {"options": {"triton": {"norm_prologue": True, "pdl": False}}}):
+                 {"options": {"triton": {"pdl": False}}}):
         other = tileinfer.Engine.from_config(keys, model=str(folder), progress=False)
         assert other.generate(prompt, max_new_tokens=64, ignore_eos=True).token_ids == tokens, keys

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tileinfer.backends.reference.linear_int8 import quantize_int8
+from tileinfer.backends.reference.linear import quantize_int8
 from tileinfer.cli import main
 from tileinfer.errors import CheckpointError, UsageError
 from tileinfer.quantize import Int8Weight, int8_of, pack_int8, quantize_checkpoint, unpack_int8

@@ -45,10 +45,9 @@ def engine(folder, **keys):
 
 @pytest.mark.parametrize("options", [
     [],
-    ["options.triton.norm_prologue=true"],
     ["options.triton.fuse_epilogue=false"],
     ["options.triton.fuse_epilogue=false", "options.triton.matmul=torch"],
-], ids=["fused", "norm-prologue", "per-op", "torch-matmul"])
+], ids=["fused", "per-op", "torch-matmul"])
 def test_triton_int8_linear_matches_the_reference_linear(checkpoint_factory, options):
     folder = checkpoint_factory(**CKPT)
     q = quality()

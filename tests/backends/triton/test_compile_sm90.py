@@ -25,6 +25,7 @@ def jobs():
     """(name, module, kernel, constexprs, argument types, num_warps, num_stages, options)."""
     from tileinfer.backends.triton import linear_gemv as L
     from tileinfer.backends.triton import paged_attention as P
+    from tileinfer.backends.triton.linear_tiles import gemv_config
     from tileinfer.backends.triton.add import ADD_BLOCK
     from tileinfer.backends.triton.rms_norm import norm_launch_config
     from tileinfer.backends.triton.rope import MAX_BLOCK_H as ROPE_BLOCK_H
@@ -36,18 +37,16 @@ def jobs():
     nofma = dict(enable_fp_fusion=False)
     out = []
     _, row_half, row_warps = norm_launch_config(HIDDEN, 1)
-    # (SWIGLU, NORM, RESIDUAL, EVEN_K): plain; gate_up (norm prologue + SwiGLU); o_proj / down
-    # (residual epilogue); the norm prologue on a K with a partial last chunk
-    gemv_forms = [(False, False, False, True), (True, True, False, True), (False, False, True, True),
-                  (False, True, False, False)]
-    for use_dot, pdl, (swiglu, norm, residual, even_k) in itertools.product([False, True], [False, True], gemv_forms):
-        cfg = L.gemv_config(2560, 4096, 16 if use_dot else 1)
+    # (SWIGLU, RESIDUAL, EVEN_K): plain; gate_up (SwiGLU); o_proj / down (residual epilogue); a K
+    # with a partial last chunk
+    gemv_forms = [(False, False, True), (True, False, True), (False, True, True), (False, False, False)]
+    for use_dot, pdl, (swiglu, residual, even_k) in itertools.product([False, True], [False, True], gemv_forms):
+        cfg = gemv_config(2560, 4096, 16 if use_dot else 1)
         fused = residual and use_dot  # o_proj / down at T >= 2: split K, the partials added by the last split
         consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                      USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, NORM=norm,
-                      NORM_K=HIDDEN if norm else 0, NORM_HALF=row_half if norm else 1, RESIDUAL=residual,
-                      FUSED_REDUCE=fused, LATE_LAUNCH=cfg.late_launch)
-        types = {"eps": "fp32", "lock_ptr": "*i32", **({"y_ptr": "*fp32"} if fused else {})}
+                      USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, RESIDUAL=residual,
+                      FUSED_REDUCE=fused, LATE_LAUNCH=cfg.late_launch, INT8=False, BITS=True)
+        types = {"lock_ptr": "*i32", **({"y_ptr": "*fp32"} if fused else {})}
         out.append(("gemv", base + "linear_gemv", "_gemv_kernel", consts, types, cfg.num_warps, cfg.num_stages, {}))
     for swiglu, pdl in itertools.product([False, True], repeat=2):
         consts = dict(SPLIT_K=4, BLOCK=L.REDUCE_BLOCK, SWIGLU=swiglu, PDL=pdl, RESIDUAL=not swiglu)

@@ -1,9 +1,10 @@
-"""The persistent GEMM (backends/triton/linear_gemm_persistent.py), reached through ``linear`` and
-``linear_int8`` with a ``persistent`` tile config: against the twins (backends/reference/linear.py,
-linear_int8.py) on odd shapes with fresh random inputs and NaN-poisoned outputs, and its fused
-forms (SwiGLU, residual, float32 logits) against the per-op chain on the same config, bit for bit;
-every option (TMA descriptors, several tiles per program, a flattened tile loop, split tails with
-their last-arriver sums) and the split rule (``split_plan``, ``balance``).
+"""The persistent GEMM (backends/triton/linear_gemm_persistent.py), reached through ``linear`` with a
+``persistent`` tile config for both weight formats: against the twin (backends/reference/linear.py)
+on odd shapes with fresh random inputs and NaN-poisoned outputs, and its fused forms (SwiGLU,
+residual, float32 logits) against the per-op chain on the same config, bit for bit (ALIGNED:
+kernel_checks.py's policy); every option (TMA descriptors, several tiles per program, a flattened
+tile loop, split tails with their last-arriver sums on the caller's counters) and the split rule
+(``split_plan``, ``balance`` of linear_tiles.py).
 
 Under the interpreter (float16 / float32 data) the TMA descriptors run too: the same kernel code
 loads through them wherever the tensors are 16-byte aligned (tma_ok), else through pointers.
@@ -15,17 +16,12 @@ import pytest
 import torch
 
 from tileinfer.backends.reference.linear import linear as ref_linear
-from tileinfer.backends.reference.linear_int8 import linear_int8 as ref_linear_int8
-from tileinfer.backends.reference.silu_mul import silu_mul as ref_silu_mul
 from tileinfer.backends.triton import linear_gemm_persistent as persistent
 from tileinfer.backends.triton.add import add
 from tileinfer.backends.triton.linear import GemmConfig, linear
-from tileinfer.backends.triton.linear_gemm_persistent import balance, split_plan, tma_ok
-from tileinfer.backends.triton.linear_split_counters import split_counters
-from tileinfer.backends.triton.linear_int8 import Int8GemmConfig, linear_int8
+from tileinfer.backends.triton.linear_gemm_persistent import split_tiles, tma_ok
+from tileinfer.backends.triton.linear_tiles import balance, split_plan
 from tileinfer.backends.triton.silu_mul import silu_mul
-
-from conftest import load_script
 
 from ..kernel_checks import DEVICE, INTERPRETER_DTYPES, QWEN3_LINEARS, assert_close, generator, poisoned, randn
 
@@ -47,16 +43,16 @@ def bf16_config(name: str, **extra) -> GemmConfig:
     return GemmConfig(32, 32, 32, 2, 4, 2, persistent=True, **OPTIONS[name], **extra)
 
 
-def int8_config(name: str, swap_ab: bool) -> Int8GemmConfig:
-    return Int8GemmConfig(32, 32, 32, 2, 4, 2, swap_ab=swap_ab, persistent=True, **OPTIONS[name])
+def int8_config(name: str, swap_ab: bool) -> GemmConfig:
+    return GemmConfig(32, 32, 32, 2, 4, 2, swap_ab=swap_ab, persistent=True, **OPTIONS[name])
 
 
-# (option, swap_ab): every option both ways, but the split tail only untransposed (Int8GemmConfig)
+# (option, swap_ab): every option both ways, but the split tail only untransposed (GemmConfig)
 INT8_OPTIONS = [(name, swap) for name in OPTIONS for swap in (False, True) if not (swap and "split" in name)]
 INT8_OPTION_IDS = [f"{name}-{'swap_ab' if swap else 'plain'}" for name, swap in INT8_OPTIONS]
 
 
-def test_int8_config_refuses_a_transposed_split_tail():
+def test_config_refuses_a_transposed_split_tail():
     with pytest.raises(AssertionError, match="swap_ab and split_rows exclude each other"):
         int8_config("split", True)
 
@@ -92,7 +88,7 @@ def test_matches_reference(name, dtype):
     cfg = bf16_config(name)
     assert_close(run(linear, x, w, n=N, config=cfg), ref_linear(x, w))
     y = run(linear, x, w, n=N // 2, config=cfg, swiglu=True)  # I = 100: up rows start mid-tile
-    assert_close(y, ref_silu_mul(ref_linear(x, w)), "two_roundings")
+    assert_close(y, ref_linear(x, w, swiglu=True), "two_roundings")
 
 
 @pytest.mark.parametrize("name,swap_ab", INT8_OPTIONS, ids=INT8_OPTION_IDS)
@@ -101,9 +97,9 @@ def test_int8_matches_reference(name, swap_ab):
     N, K = ODD  # int8 rows of 136 bytes: no TMA, the pointer path
     x, _, q, scale = inputs(N, K, dtype, "int8", name, swap_ab)
     cfg = int8_config(name, swap_ab)
-    assert_close(run(linear_int8, x, q, scale, n=N, config=cfg), ref_linear_int8(x, q, scale))
-    y = run(linear_int8, x, q, scale, n=N // 2, config=cfg, swiglu=True)
-    assert_close(y, ref_linear_int8(x, q, scale, swiglu=True), "two_roundings")
+    assert_close(run(linear, x, q, scale, n=N, config=cfg), ref_linear(x, q, scale))
+    y = run(linear, x, q, scale, n=N // 2, config=cfg, swiglu=True)
+    assert_close(y, ref_linear(x, q, scale, swiglu=True), "two_roundings")
 
 
 @pytest.mark.parametrize("name", ["tma", "split-all-tma"])
@@ -113,9 +109,9 @@ def test_int8_weights_through_tma(name):
     x, _, q, scale = inputs(N, K, torch.float16, "int8-tma", name)
     assert tma_ok(x, q)
     cfg = int8_config(name, "split" not in name)  # the split tail only untransposed
-    assert_close(run(linear_int8, x, q, scale, n=N, config=cfg), ref_linear_int8(x, q, scale))
-    logits = run(linear_int8, x, q, scale, n=N, config=cfg, out_dtype=torch.float32)
-    assert_close(logits, ref_linear_int8(x, q, scale, torch.float32), dtype=torch.float16)
+    assert_close(run(linear, x, q, scale, n=N, config=cfg), ref_linear(x, q, scale))
+    logits = run(linear, x, q, scale, n=N, config=cfg, out_dtype=torch.float32)
+    assert_close(logits, ref_linear(x, q, scale, out_dtype=torch.float32), dtype=torch.float16)
 
 
 # -- fused forms against the per-op chain -----------------------------------------------------------
@@ -135,7 +131,7 @@ def test_fused_forms_bit_identical_to_per_op(name):
     r = torch.randn(T, N, generator=generator("fused-r", name), device=DEVICE).to(dtype) * 4
     assert_equal(run(linear, x, w, n=N, config=cfg, residual=r), add(plain, r))
     logits = run(linear, x, w, n=N, config=cfg, out_dtype=torch.float32)
-    assert_close(logits, ref_linear(x, w, torch.float32), dtype=dtype)
+    assert_close(logits, ref_linear(x, w, out_dtype=torch.float32), dtype=dtype)
 
 
 @pytest.mark.parametrize("name,swap_ab", INT8_OPTIONS[:2] + [c for c in INT8_OPTIONS if "split" in c[0]],
@@ -145,10 +141,10 @@ def test_int8_fused_forms_bit_identical_to_per_op(name, swap_ab):
     N, K = ALIGNED
     x, _, q, scale = inputs(N, K, dtype, "int8-fused", name, swap_ab)
     cfg = int8_config(name, swap_ab)
-    plain = run(linear_int8, x, q, scale, n=N, config=cfg)
-    assert_equal(run(linear_int8, x, q, scale, n=N // 2, config=cfg, swiglu=True), silu_mul(plain))
+    plain = run(linear, x, q, scale, n=N, config=cfg)
+    assert_equal(run(linear, x, q, scale, n=N // 2, config=cfg, swiglu=True), silu_mul(plain))
     r = torch.randn(T, N, generator=generator("int8-fused-r", name), device=DEVICE).to(dtype)
-    assert_equal(run(linear_int8, x, q, scale, n=N, config=cfg, residual=r), add(plain, r))
+    assert_equal(run(linear, x, q, scale, n=N, config=cfg, residual=r), add(plain, r))
 
 
 @pytest.mark.parametrize("dtype", INTERPRETER_DTYPES, ids=str)
@@ -175,7 +171,7 @@ def test_tma_descriptors_are_used_where_aligned(monkeypatch):
     y = linear(x, w, config=bf16_config("tma"))
     assert made == [torch.float16, torch.float16]
     made.clear()
-    linear_int8(x, q, scale, config=int8_config("tma", True))  # int8 rows of 136 bytes: pointers
+    linear(x, q, scale, config=int8_config("tma", True))  # int8 rows of 136 bytes: pointers
     assert made == []
     assert_equal(linear(x, w, config=bf16_config("pointers")), y)
     assert not tma_ok(x[:, 1:]) and tma_ok(x) and not tma_ok(q)
@@ -198,23 +194,25 @@ def test_row_slice_activations_and_an_m_tail():
 
 def test_split_runs_are_reproducible_and_leave_the_counters_at_zero():
     """The split tiles' sums go in split order whoever arrives last: the same bits every run; the
-    last unit of each tile resets its counter (shared with the GEMV's split-K)."""
+    last unit of each tile resets its counter, so that one counters tensor serves every launch."""
     x, w, _, _ = inputs(*ALIGNED, torch.float16, "repeat")
     cfg = bf16_config("split-all-tma")
     first = run(linear, x, w, n=ALIGNED[0], config=cfg)
-    counters = split_counters(x.device, 1)
-    assert not counters.any()
+    counters = torch.zeros(split_tiles(T, ALIGNED[0], cfg), dtype=torch.int32, device=DEVICE)
+    assert counters.numel() == 8  # 2 row blocks x 4 column blocks
     for swiglu in (False, True, False):
-        y = run(linear, x, w, n=ALIGNED[0] // (2 if swiglu else 1), config=cfg, swiglu=swiglu)
+        y = run(linear, x, w, n=ALIGNED[0] // (2 if swiglu else 1), config=cfg, swiglu=swiglu, counters=counters)
         assert not counters.any()
     assert_equal(y, first)
+    with pytest.raises(AssertionError, match="the split tail needs 8 int32 counters"):
+        linear(x, w, config=cfg, counters=counters[:7])
 
 
 def test_config_options_need_persistent():
     with pytest.raises(AssertionError, match="tma need persistent"):
         GemmConfig(32, 32, 32, 2, 4, 2, tma=True)
     with pytest.raises(AssertionError, match="split_rows"):
-        Int8GemmConfig(32, 32, 32, 2, 4, 2, split_rows=1)
+        GemmConfig(32, 32, 32, 2, 4, 2, split_rows=1)
     with pytest.raises(AssertionError, match="flatten and split_rows"):
         GemmConfig(32, 32, 32, 2, 4, 2, persistent=True, flatten=True, split_rows=1)
 
@@ -265,13 +263,14 @@ def test_split_plan_at_the_qwen3_shapes(name):
     assert split_plan(1024, 2560, 4096, 128, 128, 64, 132) == (2, 4)
 
 
-@pytest.mark.parametrize("script", ["linear", "linear_int8"])
-def test_sweep_candidates_at_t_1024(script):
-    """The benchmarks' prefill sweeps: at most 20 candidates a layer, persistent ones with and
+@pytest.mark.parametrize("fmt", ["none", "int8"])
+def test_sweep_candidates_at_t_1024(fmt):
+    """The benchmark's prefill sweep: at most 20 candidates a layer, persistent ones with and
     without TMA and a flattened loop, split tails where the plan splits (N = hidden)."""
-    module = load_script(f"bench/kernels/{script}.py", f"tileinfer_bench_kernels_{script}")
+    from bench.kernels import linear as module
+
     for N, K in QWEN3_LINEARS.values():
-        configs = list(module.sweep_configs(N, K, 1024, 132))
+        configs = list(module.sweep_configs(N, K, 1024, 132, fmt))
         persistent = [c for c in configs if c.persistent]
         assert len(configs) <= 20 and len(set(configs)) == len(configs)
         assert {c.tma for c in persistent} == {False, True} and any(c.flatten for c in persistent)
@@ -284,7 +283,7 @@ def test_sweep_candidates_at_t_1024(script):
 
 # -- GPU: bfloat16 at the real shapes ---------------------------------------------------------------
 
-GPU_OPTIONS = {  # the sweep's kinds of candidate (bench/kernels/linear.py PERSISTENT_TILES)
+GPU_OPTIONS = {  # the sweep's kinds of candidate (PERSISTENT_TILES of bench/kernels/linear.py)
     "tma": dict(tma=True), "pointers": {}, "tma-flatten": dict(tma=True, flatten=True), "split": dict(tma=True),
 }
 DECODER_USE = {"qkv": (False, False), "o_proj": (False, True), "gate_up": (True, False), "down": (False, True),
@@ -321,12 +320,12 @@ def test_gpu_bf16_decoder_use(name, option, T):
     plain = linear(x, w, out_dtype=out_dtype, config=cfg)
     chain = silu_mul(plain) if swiglu else plain
     assert_equal(fused, chain if r is None else add(chain, r))
-    assert rel_err(plain, ref_linear(x, w, out_dtype)) < (4e-3 if out_dtype == torch.bfloat16 else 1e-5)
+    assert rel_err(plain, ref_linear(x, w, out_dtype=out_dtype)) < (4e-3 if out_dtype == torch.bfloat16 else 1e-5)
     if option == "tma":
         assert_equal(linear(x, w, out_dtype=out_dtype, config=gpu_config(GemmConfig, "pointers", T, N, K)), plain)
 
 
-# transposed (the rule's form) except the split tail, which Int8GemmConfig allows only untransposed
+# transposed (the int8 rule's form) except the split tail, which GemmConfig allows only untransposed
 INT8_CASES = [(option, option != "split") for option in GPU_OPTIONS] + [("tma", False)]
 INT8_IDS = [f"{option}-{'swap_ab' if swap else 'plain'}" for option, swap in INT8_CASES]
 
@@ -340,14 +339,14 @@ def test_gpu_int8_decoder_use(name, option, swap_ab, T):
     swiglu, has_residual = DECODER_USE[name.rsplit(".", 1)[1]]
     out_dtype = torch.float32 if name.endswith("lm_head") else torch.bfloat16
     x, _, q, scale = inputs(N, K, torch.bfloat16, "gpu-int8", name, option, t=T)
-    cfg = gpu_config(Int8GemmConfig, option, T, N, K, swap_ab=swap_ab)
+    cfg = gpu_config(GemmConfig, option, T, N, K, swap_ab=swap_ab)
     n = N // 2 if swiglu else N
     r = randn((T, n), torch.bfloat16, generator("gpu-r8", name)) if has_residual else None
-    fused = run(linear_int8, x, q, scale, n=n, out_dtype=out_dtype, swiglu=swiglu, residual=r, config=cfg)
-    plain = linear_int8(x, q, scale, out_dtype=out_dtype, config=cfg)
+    fused = run(linear, x, q, scale, n=n, out_dtype=out_dtype, swiglu=swiglu, residual=r, config=cfg)
+    plain = linear(x, q, scale, out_dtype=out_dtype, config=cfg)
     chain = silu_mul(plain) if swiglu else plain
     assert_equal(fused, chain if r is None else add(chain, r))
-    assert rel_err(plain, ref_linear_int8(x, q, scale, out_dtype)) < (4e-3 if out_dtype == torch.bfloat16 else 1e-5)
+    assert rel_err(plain, ref_linear(x, q, scale, out_dtype=out_dtype)) < (4e-3 if out_dtype == torch.bfloat16 else 1e-5)
 
 
 @pytest.mark.gpu

@@ -1,15 +1,22 @@
-"""The tile rules of the linear: ``gemv_config`` / ``gemv_split_k`` (linear_gemv.py) and
-``gemm_config`` (linear_gemm.py), at the Qwen3-0.6B / 4B layer shapes."""
+"""The tile rules of the linear (backends/triton/linear_tiles.py) at the Qwen3-0.6B / 4B layer
+shapes, for both weight formats: ``gemv_config`` / ``gemv_split_k``, ``gemm_config`` (the persistent
+TMA kernel where the device has TMA, for launches without SwiGLU), ``counters_needed``."""
 
 from __future__ import annotations
 
 import pytest
 
-from tileinfer.backends.triton.linear_gemm import GEMM_TILES, gemm_config
-from tileinfer.backends.triton.linear_gemv import gemv_config
+from tileinfer.backends.triton.linear_tiles import (
+    GEMM_TILES,
+    PERSISTENT_TILES,
+    SMEM_BYTES,
+    GemvConfig,
+    counters_needed,
+    gemm_config,
+    gemv_config,
+)
 
 from ..kernel_checks import QWEN3_LINEARS
-
 
 
 @pytest.mark.parametrize("name", list(QWEN3_LINEARS))
@@ -24,15 +31,13 @@ def test_gemv_config_rule(name, T):
     assert cfg.split_k >= 1 and (cfg.split_k - 1) * per_split < k_blocks  # no empty split
     row_blocks = -(-N // cfg.block_n)
     if T == 1:
-        if 4 * row_blocks >= 3 * 132:
-            assert cfg.split_k == 1  # enough programs: no split (every layer at T = 1)
-        else:
-            assert cfg.split_k > 1 and per_split >= 2  # few programs: split, >= 2 chunks per split
+        assert 4 * row_blocks >= 3 * 132 and cfg.split_k == 1  # enough programs: no split at any layer
     elif row_blocks >= 2 * 132:
         assert cfg.split_k == 1 and cfg.block_k == 128  # qkv (4B), gate_up, lm_head
     else:  # o_proj, down: longer K chunks, split until the grid has more than 1.5 programs per SM
         assert cfg.block_k == 256 and 2 * row_blocks * cfg.split_k > 3 * 132 and per_split >= 2
     assert cfg.late_launch == (T > 1)  # PDL: a verify GEMV lets the next kernel launch after its K loop
+    assert not cfg.fused_reduce  # the reduce kernel wherever a Qwen3 layer splits
     assert gemv_config(N, K, T) == cfg  # deterministic
 
 
@@ -43,14 +48,60 @@ def test_gemv_config_splits_small_n_layers():
     assert gemv_config(64, 16, 4).split_k == 1  # one K chunk: nothing to split
 
 
+def test_a_decode_gemv_that_splits_adds_its_partials_in_the_last_program():
+    """T = 1 splits K only for layers with few rows (here on 132 SMs: 64 rows); it then takes the
+    fused reduce, and the layer's counters cover its column blocks; verify steps keep the kernel."""
+    cfg = gemv_config(64, 4096, 1)
+    assert cfg.split_k > 1 and cfg.fused_reduce
+    assert counters_needed(64, 4096) == -(-64 // cfg.block_n)
+    assert gemv_config(64, 4096, 4).split_k > 1 and not gemv_config(64, 4096, 4).fused_reduce
+    assert all(counters_needed(N, K) == 0 for N, K in QWEN3_LINEARS.values())
+
+
+def test_int8_gemv_rule():
+    """The tiles of the int8 row at Qwen3-4B's layers; split-K only for few-row layers."""
+    assert gemv_config(151936, 2560, 1, int8=True) == GemvConfig(8, 512, 1, 2, 1)
+    assert gemv_config(2560, 9728, 1, int8=True) == GemvConfig(4, 2048, 1, 4, 1)
+    assert gemv_config(6144, 2560, 1, int8=True) == GemvConfig(4, 512, 1, 2, 1)
+    assert gemv_config(6144, 2560, 4, int8=True).block_k == 128
+    assert gemv_config(151936, 2560, 16, int8=True).block_n == 64
+    assert gemv_config(1024, 3072, 16, int8=True).split_k > 1
+    assert gemv_config(64, 40, 1, int8=True).block_k == 64
+    assert not gemv_config(6144, 2560, 16, int8=True).late_launch  # not measured for int8
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["none", "int8"])
 @pytest.mark.parametrize("M", [17, 40, 64, 1024, 4096])
 @pytest.mark.parametrize("name", list(QWEN3_LINEARS))
-def test_gemm_config_rule(M, name):
+def test_gemm_config_rule(M, name, int8):
     N, K = QWEN3_LINEARS[name]
-    cfg = gemm_config(M, N, K)
-    assert (cfg.block_m, cfg.block_n, cfg.block_k) in [t[:3] for t in GEMM_TILES]
+    cfg = gemm_config(M, N, K, int8=int8)
+    fmt = "int8" if int8 else "none"
+    assert (cfg.block_m, cfg.block_n, cfg.block_k) in [t[:3] for t in GEMM_TILES[fmt]]
+    assert not cfg.persistent and cfg.swap_ab == int8  # no TMA (the interpreter): the tiled kernel
     assert K % cfg.block_k == 0
     if name.endswith("gate_up"):
         assert (N // 2) % cfg.block_n == 0  # fused tiles are exactly the per-op ones
     if M <= 64:
         assert cfg.block_m == 64  # no 128-row tile that is mostly padding
+    assert gemm_config(40, 100, 20, int8=int8).block_k == 32
+
+
+@pytest.mark.parametrize("name", list(QWEN3_LINEARS))
+def test_persistent_gemm_where_tma_is_there(name):
+    """At T = 1,024 with TMA the plain launches of the 4B layers take the persistent tiles the sweep
+    measured fastest (128 x 128 for qkv, 128 x 256 for the others), flattened except the lm_head's
+    float32 logits (whose epilogue tile does not fit beside the pipeline); SwiGLU keeps the tiled
+    kernel, and int8 has no persistent row yet."""
+    N, K = QWEN3_LINEARS[name]
+    lm_head = name.endswith("lm_head")
+    cfg = gemm_config(1024, N, K, tma=True, out_bytes=4 if lm_head else 2)
+    if name.startswith("4B"):
+        assert cfg.persistent and cfg.tma and (cfg.block_m, cfg.block_n) == (128, 128 if name == "4B.qkv" else 256)
+        assert cfg.flatten == (not lm_head) and cfg.split_rows == 0
+    if cfg.persistent:
+        bm, bn, bk, warps, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
+        assert (bm, bn, bk, warps, stages) in [t[:5] for t in PERSISTENT_TILES["none"]]
+        assert cfg.flatten == (stages * (bm + bn) * bk * 2 + bm * bn * (4 if lm_head else 2) <= SMEM_BYTES)
+    assert gemm_config(1024, N, K, tma=True, swiglu=True) == gemm_config(1024, N, K, swiglu=True)
+    assert not gemm_config(1024, N, K, tma=True, int8=True).persistent

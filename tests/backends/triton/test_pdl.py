@@ -34,7 +34,7 @@ from tileinfer.backends.triton.silu_mul import silu_mul
 from tileinfer.model import rope_table
 
 from ..kernel_checks import DEVICE, EPS, THETA, generator, norm_weight, poisoned, randn
-from .per_op_chains import inputs_per_op, linear_per_op
+from .per_op_chains import inputs_per_op, linear_fused, linear_per_op
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,13 @@ def case_add(s: Shapes, t: int) -> Case:
     return Case(lambda pdl: add(x, r, out=out, pdl=pdl), [x, r], [out])
 
 
-def case_linear_norm_residual(s: Shapes, t: int) -> Case:
-    """The fused GEMV of the decoder's residual stream: RMSNorm prologue, residual epilogue."""
-    g = generator("linear_norm_residual", t)
+def case_linear_residual(s: Shapes, t: int) -> Case:
+    """The fused GEMV of the decoder's residual stream: residual epilogue."""
+    g = generator("linear_residual", t)
     x, r = randn((t, s.hidden), s.dtype, g, 3.0), randn((t, s.hidden), s.dtype, g)
     w = randn((s.hidden, s.hidden), s.dtype, g, s.hidden ** -0.5)
-    nw = norm_weight(s.hidden, s.dtype, g)
     out = poisoned(x.shape, s.dtype)
-    return Case(lambda pdl: linear(x, w, norm_weight=nw, eps=EPS, residual=r, out=out, pdl=pdl), [x, r], [out])
+    return Case(lambda pdl: linear(x, w, residual=r, out=out, pdl=pdl), [x, r], [out])
 
 
 def case_apply_rope(s: Shapes, t: int) -> Case:
@@ -277,7 +276,7 @@ def test_every_launcher_has_a_case():
     launchers = [rms_norm, add, linear, apply_rope, write_kv, write_pages, silu_mul, q_norm_rope,
                  k_norm_rope_write, attention_inputs, paged_decode_attention, paged_prefill_attention]
     assert all("pdl" in inspect.signature(fn).parameters for fn in launchers)
-    covered = {"rms_norm_rows", "rms_norm_heads", "add", "linear_norm_residual", "apply_rope", "write_kv",
+    covered = {"rms_norm_rows", "rms_norm_heads", "add", "linear_residual", "apply_rope", "write_kv",
                "write_pages", "silu_mul", "q_norm_rope", "k_norm_rope_write", "attention_inputs",
                "inputs_per_op", "decode_g4_splits", "decode_g1_one_split", "decode_int8", "prefill"}
     assert set(CASES) == covered
@@ -344,7 +343,7 @@ class Layer:
 def decode_chain(s: Shapes, layers: list[Layer], h, fused: bool, pdl: bool):
     """The decode step's kernels for ``layers`` (as plugins/triton runs them: fused, or one kernel
     per op), from the residual stream ``h`` ``[T, hidden]``; returns the new one."""
-    lin = linear if fused else linear_per_op
+    lin = linear_fused if fused else linear_per_op
     for layer in layers:
         st = layer.step
         qkv = lin(h, layer.qkv, norm_weight=layer.input_norm, eps=EPS, pdl=pdl)
