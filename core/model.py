@@ -115,34 +115,37 @@ class Qwen3Model:
     def forward(self, token_ids: torch.Tensor, step: Step, kv: KVStore, *, last_only: bool = False,
                 capture: Collection[int] = (), rows: torch.Tensor | None = None, logits: bool = True
                 ) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
-        """Run ``step`` (``token_ids`` ``[T]`` int64 on the device), writing its keys and values,
-        one implementation call per operation (the ``per_op`` ForwardPass; the reference of the
-        ``tileinfer.interfaces.ForwardPass`` contract).
+        """``stack_forward`` of this model: one step, one implementation call per operation."""
+        return stack_forward(self, token_ids, step, kv, capture=capture, rows=rows, last_only=last_only,
+                             logits=logits)
 
-        Returns float32 logits ``[T, V]`` (``[1, V]`` of the last token with ``last_only``; ``[R,
-        V]`` of the rows listed in ``rows``, ``[R]`` int64 indices on the device, read there: a
-        padded prefill step replayed from a CUDA graph takes its last real row so; None with
-        ``logits=False``, which runs no lm_head) and the outputs ``[T, hidden]`` of the decoder
-        layers listed in ``capture`` (before the final norm).
-        """
-        h, hidden = self.hidden_states(token_ids, step, kv, capture)
-        if not logits:
-            return None, hidden
-        if rows is not None:
-            h = h.index_select(0, rows)
-        elif last_only:
-            h = h[-1:]
-        return self.lm_head(h), hidden
 
-    def hidden_states(self, token_ids: torch.Tensor, step: Step, kv: KVStore,
-                      capture: Collection[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """``forward`` without the lm_head: the residual stream after the last decoder layer
-        (``[T, hidden]``, before the final norm) and the outputs of the layers in ``capture``."""
-        h = F.embedding(token_ids, self.embed)
-        hidden: dict[int, torch.Tensor] = {}
-        for n, layer in enumerate(self.layers):
-            h = layer.o_proj(layer.attention(layer.qkv(h), step, kv), residual=h)
-            h = layer.down(layer.gate_up(h), residual=h)
-            if n in capture:
-                hidden[n] = h
-        return h, hidden
+def stack_forward(stack, token_ids: torch.Tensor, step: Step, kv: KVStore, *, capture: Collection[int] = (),
+                  rows: torch.Tensor | None = None, last_only: bool = False,
+                  logits: bool = True) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
+    """Run ``step`` (``token_ids`` ``[T]`` int64 on the device) through a decoder ``stack``, writing
+    its keys and values, one implementation call per operation: the ``per_op`` ForwardPass, the
+    reference of the ``tileinfer.interfaces.ForwardPass`` contract. ``stack`` has ``embed``
+    ``[V, H]``, ``layers`` (each a ``Qwen3Layer``'s five fields) and ``lm_head`` (a Qwen3Model;
+    the DFlash drafter's block).
+
+    Returns float32 logits ``[T, V]`` (``[1, V]`` of the last token with ``last_only``; ``[R,
+    V]`` of the rows listed in ``rows``, ``[R]`` int64 indices on the device, read there: a
+    padded prefill step replayed from a CUDA graph takes its last real row so; None with
+    ``logits=False``, which runs no lm_head) and the outputs ``[T, hidden]`` of the decoder
+    layers listed in ``capture`` (the residual stream after the layer, before the final norm).
+    """
+    h = F.embedding(token_ids, stack.embed)
+    hidden: dict[int, torch.Tensor] = {}
+    for n, layer in enumerate(stack.layers):
+        h = layer.o_proj(layer.attention(layer.qkv(h), step, kv), residual=h)
+        h = layer.down(layer.gate_up(h), residual=h)
+        if n in capture:
+            hidden[n] = h
+    if not logits:
+        return None, hidden
+    if rows is not None:
+        h = h.index_select(0, rows)
+    elif last_only:
+        h = h[-1:]
+    return stack.lm_head(h), hidden

@@ -31,10 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from tileinfer.interfaces import Attention, KVStore, Linear, RMSNorm, Step
-from tileinfer.model import Backend, rope_table
+from tileinfer.model import Backend, rope_table, stack_forward
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
 
 
@@ -117,18 +116,21 @@ class DFlashDrafter:
         for i, layer in enumerate(self.layers):
             layer.attention.write_kv(torch.cat([zero_q, context_kv[:, i * w:(i + 1) * w]], dim=-1), step, kv)
 
+    @property
+    def lm_head(self) -> Linear:
+        """``head`` (the final norm, then the target's lm_head): the stack a ForwardPass runs is
+        ``embed``, ``layers``, ``lm_head``, as a Qwen3Model's."""
+        return self.head
+
     def block_logits(self, block: torch.Tensor, step: Step, kv: KVStore) -> torch.Tensor:
         """Run ``block`` (``[B]`` int64 token ids) at the step's positions, a non-causal step
-        (``step.causal`` False) after the cached context: float32 logits ``[B - 1, V]`` of block
-        positions 1..B-1. Writes the block's keys and values at its positions (``kv`` must hold
-        pages for them): the caller truncates them away, or a later step rewrites them before any
-        query reads them."""
-        h = F.embedding(block, self.embed)
-        for layer in self.layers:
-            attended = layer.attention(layer.qkv(h), step, kv)
-            h = layer.o_proj(attended, residual=h)
-            h = layer.down(layer.gate_up(h), residual=h)
-        return self.head(h[1:])
+        (``step.causal`` False) after the cached context, one kernel per operation
+        (``tileinfer.model.stack_forward``, what the ``per_op`` ForwardPass runs): float32 logits
+        ``[B - 1, V]`` of block positions 1..B-1. Writes the block's keys and values at its
+        positions (``kv`` must hold pages for them): the caller truncates them away, or a later
+        step rewrites them before any query reads them."""
+        rows = torch.arange(1, block.shape[0], dtype=torch.int64, device=block.device)
+        return stack_forward(self, block, step, kv, rows=rows)[0]
 
     def forward(self, context: torch.Tensor, block: torch.Tensor, start: int, kv: KVStore) -> torch.Tensor:
         """Eagerly: cache ``context`` (``[n, H]``, ``project``'s output for positions ``start ..

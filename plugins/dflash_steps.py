@@ -5,10 +5,10 @@
   ``DFlashDrafter.write_context`` at positions ``start .. start+n-1``. One graph per row count
   ``n`` from 1 to 16 (a verify step keeps 1..k+1 rows); longer contexts (prompt chunks) run
   eagerly.
-- The block step runs ``[last, MASK x (B-1)]`` at positions ``start .. start+B-1``
-  (``DFlashDrafter.block_logits``, non-causal) and takes the argmax of each row: one graph, for
-  blocks of up to 16 positions (the attention kernels' small-step path, which reads a step's
-  positions from the device).
+- The block step runs ``[last, MASK x (B-1)]`` at positions ``start .. start+B-1`` (non-causal)
+  through the drafter's ForwardPass (config key ``forward``, as the target's steps), the logits of
+  rows 1..B-1, and takes the argmax of each row: one graph, for blocks of up to 16 positions (the
+  attention kernels' small-step path, which reads a step's positions from the device).
 
 Each step's inputs travel through static device buffers, written in place before a replay: the
 features, the last token and the positions (``start`` plus an offset; ``start`` a host int or a
@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection
 import torch
 
 from tileinfer.graph_capture import warm_up
-from tileinfer.interfaces import KVStore, Step
+from tileinfer.interfaces import ForwardPass, KVStore, Step
 from tileinfer.plugins.dflash_model import DFlashDrafter
 from tileinfer.steps import MAX_GRAPH_TOKENS
 
@@ -37,7 +37,8 @@ Start = int | torch.Tensor  # a host position, or a [1] int64 device tensor
 
 
 class DFlashSteps:
-    """The context and block steps of ``drafter`` over ``kv`` (see the module).
+    """The context and block steps of ``drafter`` over ``kv`` (see the module); ``forward``: the
+    ForwardPass over ``drafter`` that runs the block.
 
     ``capture`` (``cuda_graph_capture``'s signature: ``(fn, pool) -> (replay, outputs)``) makes
     ``context`` and ``block`` replay graphs, recorded on first use or by ``capture_graphs``; None
@@ -47,8 +48,9 @@ class DFlashSteps:
     """
 
     def __init__(self, drafter: DFlashDrafter, kv: KVStore, block_size: int, mask_token_id: int, *,
-                 capture: Callable | None = None) -> None:
-        self.drafter, self.kv, self.block_size = drafter, kv, block_size
+                 forward: ForwardPass, capture: Callable | None = None) -> None:
+        assert forward.model is drafter, "the block runs through a ForwardPass over the drafter"
+        self.drafter, self.forward, self.kv, self.block_size = drafter, forward, kv, block_size
         device, rows = drafter.device, MAX_GRAPH_TOKENS
         width = len(drafter.config.target_layer_ids) * drafter.config.model.hidden_size
         self.features = torch.zeros(rows, width, dtype=drafter.embed.dtype, device=device)
@@ -97,7 +99,7 @@ class DFlashSteps:
         """The block step on the buffers: float32 logits ``[B - 1, V]`` and their argmax ``[B - 1]``."""
         step = Step(start, self.block_size, self.block_positions, causal=False,
                     max_context=self.kv.capacity if replayed else None)
-        logits = self.drafter.block_logits(self.block_tokens, step, self.kv)
+        logits, _ = self.forward(self.block_tokens, step, self.kv, rows=self._offsets[1:self.block_size])
         return logits, logits.argmax(-1)
 
     # -- host-driven calls ------------------------------------------------------------------------

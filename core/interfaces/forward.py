@@ -14,19 +14,22 @@ from tileinfer.interfaces.pluggable import Pluggable
 
 if TYPE_CHECKING:
     from tileinfer.model import Qwen3Model
+    from tileinfer.plugins.dflash_model import DFlashDrafter
 
 
 class ForwardPass(Pluggable):
-    """Runs the decoder stack of ``model`` (a ``tileinfer.model.Qwen3Model``: ``embed``, ``layers``
-    of Linear and Attention implementations, ``lm_head``) on the tokens of one step. Config key
-    ``forward``; built once per model when the engine (or a proposer, for its draft model) is built:
-    ``cls(model, options=...)``.
+    """Runs the decoder stack of ``model`` on the tokens of one step: ``model.embed`` ``[V, H]``,
+    ``model.layers`` (each with the Linear and Attention implementations ``qkv``, ``attention``,
+    ``o_proj``, ``gate_up``, ``down`` of a ``tileinfer.model.Qwen3Layer``), ``model.lm_head`` and
+    ``model.device``: a ``tileinfer.model.Qwen3Model`` (the target, a draft model) or the DFlash
+    drafter (its block). Config key ``forward``; built once per model when the engine or a
+    proposer is built: ``cls(model, options=...)``.
 
     Every step of every decoding strategy runs through it: the prefill chunks (eager or replayed
     from CUDA graphs), plain decode steps, verify steps, the device-resident speculative loop's
-    step and a draft model's steps. The per-op implementation (``per_op``) runs
-    ``Qwen3Model.forward``, one kernel per operation: it is the reference every other
-    implementation (a persistent kernel, say) is compared with.
+    step, a draft model's steps and the DFlash drafter's block step. The per-op implementation
+    (``per_op``) runs ``tileinfer.model.stack_forward``, one kernel per operation: it is the
+    reference every other implementation (a persistent kernel, say) is compared with.
 
     The contract of ``__call__(token_ids, step, kv, *, capture, rows, last_only, logits)``:
 
@@ -45,7 +48,7 @@ class ForwardPass(Pluggable):
       outputs may be buffers a later call overwrites (a caller reads them first).
     """
 
-    def __init__(self, model: Qwen3Model, *, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, model: Qwen3Model | DFlashDrafter, *, options: Mapping[str, Any] | None = None) -> None:
         self.model = model
         self._take_options(options)
 

@@ -90,12 +90,12 @@ def test_chunked_prefill_with_the_other_reference_paths(folder, keys):
 
 
 def spy_steps(engine: tileinfer.Engine, heads: list[int] | None = None) -> list[tuple[int, int]]:
-    """Records (start, tokens) of every step of the engine's model (``hidden_states``, which its
-    per-op ForwardPass runs), and checks that each one runs its layers on no more tokens than the step
-    has (the activations a step holds); ``heads`` gets the rows of each lm_head call."""
+    """Records (start, tokens) of every step of the engine's model (each call of its ForwardPass),
+    and checks that each one runs its layers on no more tokens than the step has (the activations a
+    step holds); ``heads`` gets the rows of each lm_head call."""
     seen: list[tuple[int, int]] = []
-    model = engine.model
-    forward = model.hidden_states
+    model, forward_pass = engine.model, engine.decoder.steps.forward_pass
+    forward = type(forward_pass).__call__
     rows: list[int] = []
     gate_up = model.layers[0].gate_up
     original = type(gate_up).__call__
@@ -117,14 +117,15 @@ def spy_steps(engine: tileinfer.Engine, heads: list[int] | None = None) -> list[
 
         head.__class__ = HeadSpy
 
-    def spied(tokens, step, kv, *args, **kw):
-        seen.append((step.start, step.num_tokens))
-        before = len(rows)
-        result = forward(tokens, step, kv, *args, **kw)
-        assert rows[before:] == [step.num_tokens]
-        return result
+    class StepSpy(type(forward_pass)):
+        def __call__(self, tokens, step, kv, *args, **kw):
+            seen.append((step.start, step.num_tokens))
+            before = len(rows)
+            result = forward(self, tokens, step, kv, *args, **kw)
+            assert rows[before:] == [step.num_tokens]
+            return result
 
-    model.hidden_states = spied
+    forward_pass.__class__ = StepSpy
     return seen
 
 

@@ -2,7 +2,7 @@
 the implementation the config names, and nothing reaches the model's forward another way.
 
 A third-party ``forward=counting`` (the per-op pass, counting its calls) is selected by config;
-the model's own ``forward`` is wrapped to count its calls too. Plain decoding (eager and one step
+the first layer's qkv Linear, which every pass runs once, counts its calls too. Plain decoding (eager and one step
 behind), host drafting (n-gram, and a draft model whose own steps take its own ForwardPass), the
 device loop and the graphed prefill (stand-in capture) each give the per-op tokens, with every
 model call made by the seam. On a CPU, float32, the reference implementations.
@@ -42,13 +42,18 @@ class _CountingPlugin:
         return [Implementation("forward", "counting", CountingForward, "per_op, counted")]
 
 
+def counting_registry():
+    """The built-in plugins and ``forward=counting``."""
+    pm = plugin_manager(entry_points=False)
+    pm.register(_CountingPlugin(), name="counting_plugin")
+    return build_registry(pm)
+
+
 @pytest.fixture(scope="module")
 def case(checkpoint_factory):
     folder = checkpoint_factory(tokenizer=False)
-    pm = plugin_manager(entry_points=False)
-    pm.register(_CountingPlugin(), name="counting_plugin")
     plain = build(folder, build_registry()).generate(PROMPT, max_new_tokens=NEW).token_ids
-    return folder, build_registry(pm), plain
+    return folder, counting_registry(), plain
 
 
 def build(folder, registry, **keys) -> tileinfer.Engine:
@@ -57,14 +62,16 @@ def build(folder, registry, **keys) -> tileinfer.Engine:
 
 
 def counted(model) -> list[int]:
-    """The token count of each call of ``model.forward`` from now on."""
-    calls, forward = [], model.forward
+    """The rows of each call of ``model``'s first qkv Linear from now on (one per forward pass)."""
+    calls, qkv = [], model.layers[0].qkv
+    call = type(qkv).__call__
 
-    def wrapped(token_ids, step, kv, **kw):
-        calls.append(step.num_tokens)
-        return forward(token_ids, step, kv, **kw)
+    class Counted(type(qkv)):
+        def __call__(self, x, *args, **kw):
+            calls.append(x.shape[0])
+            return call(self, x, *args, **kw)
 
-    model.forward = wrapped
+    qkv.__class__ = Counted
     return calls
 
 

@@ -50,7 +50,8 @@ def triton_engine(target, drafter, spec_k: int):
 def replayed(e) -> DFlashSteps:
     """Give ``e``'s proposer steps replayed through the stand-in, captured up front as on a GPU."""
     p = e.proposer
-    p.steps = DFlashSteps(p.model, p.kv, p.block_size, p.mask_token_id, capture=rerun_capture)
+    p.steps = DFlashSteps(p.model, p.kv, p.block_size, p.mask_token_id, forward=p.steps.forward,
+                          capture=rerun_capture)
     with torch.inference_mode():
         p.steps.capture_graphs(range(1, e.config.spec_k + 2))
     assert p.kv.length == 0
@@ -162,6 +163,24 @@ def test_the_steps_read_only_their_buffers(case):
         logits, picks = steps.block(9, 21)
     torch.testing.assert_close(logits, want, atol=1e-5, rtol=1e-5)
     assert picks.tolist() == want.argmax(-1).tolist()
+
+
+def test_the_block_runs_through_the_configured_forward_pass(case):
+    """The drafter's block step takes the ForwardPass the config names (``forward=counting``: the
+    per-op pass, counted; tests/core/test_forward_pass.py), sequentially and in the device loop."""
+    from test_forward_pass import CountingForward, counting_registry
+
+    target, plain, drafters = case
+    e = engine(target, drafters["random"], 3, forward="counting", registry=counting_registry())
+    forward, block = e.proposer.steps.forward, e.proposer.block_size
+    assert isinstance(forward, CountingForward) and forward.model is e.proposer.model
+    got = e.generate(repetitive_prompt(), max_new_tokens=12)
+    assert got.token_ids == plain.token_ids[:12] and got.stats.drafted_tokens > 0
+    assert set(forward.calls) == {block} and len(forward.calls) >= got.stats.steps - 1  # the last: 1 token left
+    forward.calls.clear()
+    device_loop(e)
+    assert e.generate(repetitive_prompt(), max_new_tokens=12).token_ids == plain.token_ids[:12]
+    assert e.decoder.counters.loop == "speculative-device" and set(forward.calls) == {block}
 
 
 # -- device drafting (the device-resident loop) --------------------------------------------------------
