@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,20 +38,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def load_script(path: str, name: str):
-    """A script of bench/ or models/ (neither folder is a package) imported as module ``name``,
-    once, with its folder on sys.path for its own imports."""
-    if name not in sys.modules:
-        script = ROOT / path
-        if str(script.parent) not in sys.path:
-            sys.path.insert(0, str(script.parent))
-        spec = importlib.util.spec_from_file_location(name, script)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 # The reference implementations on the CPU, eager: what the command-line tests mean (the default

@@ -269,9 +269,7 @@ def ops_main(args) -> int:
 
 
 def arguments(p) -> None:
-    from pathlib import Path
-
-    from . import paged_attention
+    from . import linear, paged_attention
 
     p.description, p.epilog = __doc__.split("\n\n")[0], __doc__.split("\n\n", 1)[1]
     sub = p.add_subparsers(dest="benchmark", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
@@ -279,10 +277,7 @@ def arguments(p) -> None:
     ops.add_argument("--op", type=names, default=list(OPS), help=f"comma-separated (default {','.join(OPS)})")
     common_arguments(ops, [1, 16, 1024], "1,16,1024")
     paged_attention.arguments(sub.add_parser("paged_attention", help=paged_attention.__doc__.split("\n")[0]))
-    if "def arguments(" in (Path(__file__).parent / "linear.py").read_text():  # TRANSITION: until linear.py is merged
-        from . import linear
-
-        linear.arguments(sub.add_parser("linear", help=linear.__doc__.split("\n")[0]))
+    linear.arguments(sub.add_parser("linear", help=linear.__doc__.split("\n")[0]))
 
 
 def main(args) -> int:
@@ -301,15 +296,8 @@ def ops_table(rows: list[dict]) -> str:
 
 
 def tables() -> list:
-    from pathlib import Path
-
     from ..report import Table
-    from . import paged_attention
+    from . import linear, paged_attention
 
-    linear = []
-    if "def tables(" in (Path(__file__).parent / "linear.py").read_text():  # TRANSITION: until linear.py is merged
-        from . import linear as module
-
-        linear = module.tables()
     return [Table("kernel", "{group}: the small ops against their twins", ops_table, group=lambda r: r["model"]),
-            *paged_attention.tables(), *linear]
+            *paged_attention.tables(), *linear.tables()]
