@@ -120,3 +120,10 @@ def test_the_chart_is_skipped_with_a_notice_without_matplotlib(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert out.startswith("notice: matplotlib is not installed") and out.count("\n") == 1
     assert not list(tmp_path.rglob("*.png"))
+
+
+def test_the_committed_tables_are_the_report_of_the_committed_records():
+    """docs/performance.md is regenerated with the records it comes from (python -m bench report)."""
+    stores = sorted(records.RESULTS.glob("*/records.jsonl"))
+    assert [s.parent.name for s in stores] == ["NVIDIA-H200", "cpu"]
+    assert report.OUT.read_text() == report.report(stores)
