@@ -107,7 +107,7 @@ GEMV_RULES = {
     # small programs again, 4 stages of cp.async in flight; o_proj and down (fewer than 2 programs per
     # SM) BLOCK_K 256, 3 stages, split K. Within 4 % of the best of ~30 swept tiles on every layer
     # but Qwen3-0.6B's o_proj (9 %); 32x128 / 4-warp tiles 1-14 % slower. Late launch: a Qwen3-4B
-    # 16-token step after 1,024 positions 3.73 -> 3.27 ms, 2 tokens 3.67 -> 3.22 (bench/pdl_probe.py,
+    # 16-token step after 1,024 positions 3.73 -> 3.27 ms, 2 tokens 3.67 -> 3.22 (the PDL probe,
     # pdl_probe@4395a2d); at T = 1 the early launch stays (2.73 against 2.75 ms). Records: linear@df4a228
     # (T = 16), linear@1cdd707.
     "none": GemvRule(decode=(4, 512, 2, 1), decode_lm_head=(4, 512, 2, 1), decode_few=(4, 1024, 4, 1),
@@ -133,7 +133,7 @@ def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
 
     Split-K: at T = 1 by ``gemv_split_k``, the partials added by the last split's program
     (``fused_reduce``: one launch fewer, the same bits). No Qwen3 layer splits at T = 1 on an H200,
-    so the step that measured it (``fused-reduce`` in bench/pdl_probe.py, Qwen3-4B after 1,024
+    so the step that measured it (``fused-reduce`` in the PDL probe, Qwen3-4B after 1,024
     positions, 2.657 against 2.726 ms) ran the default's kernels and does not count for or against
     it. At T = 2..16 the reduce kernel stays: the fused reduce measured 3.670 against 3.665 ms at T
     = 2 and 3.816 against 3.733 at T = 16 (pdl_probe@4395a2d)."""

@@ -49,7 +49,7 @@ def decode_splits(context_len: int, int8: bool = False) -> int:
     Int8 pages: up to 32 splits. A program converts each int8 tile and scales it in registers, so
     it streams fewer bytes per second than over bf16 pages and the grid needs more programs: 32k
     context, 64-key tiles, 16 splits 52.5 us, 32 splits 44.4 us for one new token, 66.6 and 56.2 us
-    for 16 (bench/results/NVIDIA-H200/int8_1636032/paged_attention_int8.json).
+    for 16 (attention@1636032 in bench/results/NVIDIA-H200/records.jsonl).
     """
     most = DECODE_MAX_SPLITS_INT8 if int8 else DECODE_MAX_SPLITS
     return max(1, min(most, context_len // DECODE_MIN_KEYS_PER_SPLIT))
