@@ -12,7 +12,7 @@ the CPU path on the shipped model against transformers, runs taking turns (see :
   compiles the decode steps' forward (inductor, CUDA graphs); the prefill stays eager, as
   transformers does it;
 - ``engine-compiled``: tileinfer's own reference model (config ``reference``, eager steps) with
-  its decode-step forward under ``torch.compile(mode="reduce-overhead", fullgraph=True)``; the
+  its decode steps' forward pass under ``torch.compile(mode="reduce-overhead", fullgraph=True)``; the
   model's weights and the KV pages are marked static addresses so that the CUDA graphs read them
   in place, and each step's attention is sized for the whole pool (``Step.max_context``) so that
   one graph serves every position. Prefill stays eager.
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from tileinfer.interfaces import Step
+from tileinfer.interfaces import ForwardPass
 
 from .workloads import EngineRunner, Workload, free_memory, random_prompt
 
@@ -167,32 +167,34 @@ def _tensors(obj, depth: int = 5) -> Iterator[torch.Tensor]:
             yield from _tensors(item, depth - 1)
 
 
+class CompiledForward(ForwardPass):
+    """``eager``'s decode steps under ``torch.compile(mode="reduce-overhead", fullgraph=True)``, each
+    step's attention sized for ``capacity`` positions (``Step.max_context``) so that one graph serves
+    every position; the prefill (``last_only``), captured hidden states and selected rows stay eager."""
+
+    def __init__(self, eager: ForwardPass, capacity: int) -> None:
+        super().__init__(eager.model)
+        self.eager, self.capacity = eager, capacity
+        self.compiled = torch.compile(eager.__call__, mode="reduce-overhead", fullgraph=True)
+
+    def __call__(self, token_ids, step, kv, *, capture=(), rows=None, last_only=False, logits=True):
+        if last_only or capture or rows is not None or not logits:
+            return self.eager(token_ids, step, kv, capture=capture, rows=rows, last_only=last_only, logits=logits)
+        return self.compiled(token_ids, dataclasses.replace(step, max_context=self.capacity), kv)
+
+
 class CompiledEngineRunner(EngineRunner):
-    """The engine's reference model with its decode steps' forward compiled (see the module doc)."""
+    """The engine's reference model with its decode steps' forward pass compiled (see the module doc)."""
 
     full_warm_up = True
 
     def __init__(self, folder: Path, overrides: list[str], kv_capacity: int) -> None:
-        if "max_context" not in {f.name for f in dataclasses.fields(Step)}:
-            raise RuntimeError("not run: this engine's Step has no max_context, so the reference attention's "
-                               "shapes change every step and CUDA graphs would be recorded once per position")
         # configs/reference.yaml: eager steps; torch.compile captures the graphs.
         super().__init__(folder, ["reference"], overrides, kv_capacity)
-        model, kv = getattr(self.engine, "model", None), self.engine.kv
-        if model is None:
-            raise RuntimeError("not run: this engine exposes no model whose forward could be compiled")
-        for tensor in [*_tensors(model), *_tensors(kv)]:
+        steps, kv = self.engine.decoder.steps, self.engine.kv
+        for tensor in [*_tensors(self.engine.model), *_tensors(kv)]:
             torch._dynamo.mark_static_address(tensor, guard=False)
-        eager = model.forward
-        compiled = torch.compile(eager, mode="reduce-overhead", fullgraph=True)
-        capacity = kv.capacity
-
-        def forward(tokens, step, kv, *, capture=(), rows=None, last_only=False, logits=True):
-            if last_only or capture or rows is not None or not logits:  # the prefill and the like stay eager
-                return eager(tokens, step, kv, capture=capture, rows=rows, last_only=last_only, logits=logits)
-            return compiled(tokens, dataclasses.replace(step, max_context=capacity), kv)
-
-        model.forward = forward  # an instance attribute: this engine only
+        steps.forward_pass = CompiledForward(steps.forward_pass, kv.capacity)  # this engine's steps only
 
     def close(self) -> None:
         super().close()

@@ -28,21 +28,32 @@ def test_the_int8_peers_are_listed_and_built_per_context():
 
 
 def test_engine_compiled_int8_is_the_compiled_reference_model_with_int8_weights(tiny):
-    """Construction and one eager step (the prefill) on a CPU; the compiled decode steps run on the
-    GPU (torch.compile of the tiny model takes ~40 s on this project's CPU)."""
+    """Construction and one eager step (the prefill) on a CPU, the decode steps routed to the compiled
+    forward pass (here a stand-in that counts them: torch.compile of the tiny model takes ~40 s on this
+    project's CPU; the compiled steps run on the GPU)."""
     runner = peers.runner("engine-compiled-int8", tiny, torch.device("cpu"), kv_capacity=64,
                           device_override=["device=cpu"])
     try:
         engine = runner.engine
         assert (engine.config.linear, engine.config.quantize) == ("reference", "int8")
         assert not engine.config.cuda_graphs  # configs/reference.yaml: the graphs are torch.compile's
-        assert "forward" in vars(engine.model)  # this engine's decode forward is the compiled one
+        forward = engine.decoder.steps.forward_pass
+        assert isinstance(forward, peers.CompiledForward) and forward.capacity == engine.kv.capacity
         dtypes = {t.dtype for t in peers._tensors(engine.model)}
         assert torch.int8 in dtypes and torch.bfloat16 not in dtypes  # float32 on a CPU
         assert runner.layout()["quantize"] == "int8"  # its roofline counts INT8 weight bytes
         assert runner.full_warm_up
         ms = runner.sample(workloads(short=True)["prefill1024"])()
         assert ms > 0
+        steps = []
+
+        def compiled(tokens, step, kv):
+            steps.append(step.max_context)
+            return forward.eager(tokens, step, kv)
+
+        forward.compiled = compiled
+        engine.generate([5, 6, 7], max_new_tokens=4, ignore_eos=True)
+        assert steps == [engine.kv.capacity] * 3  # the prefill eager, each decode step compiled
     finally:
         runner.close()
 
