@@ -41,6 +41,20 @@ def _copy_into(old, new) -> None:
             _copy_into(a, b)
 
 
+def rows_of_calls(linear, rows: list[int] | None = None) -> list[int]:
+    """The rows of each call of ``linear`` (a Linear implementation) from now on, appended to
+    ``rows`` (default: a new list): its class is swapped for a subclass that records them."""
+    rows, call = [] if rows is None else rows, type(linear).__call__
+
+    class Recorded(type(linear)):
+        def __call__(self, x, *args, **kw):
+            rows.append(x.shape[0])
+            return call(self, x, *args, **kw)
+
+    linear.__class__ = Recorded
+    return rows
+
+
 def cuda_plan(engine: tileinfer.Engine, **keys) -> DecodePlan:
     """The plan ``engine``'s config (with ``keys`` replaced) gives on a CUDA device."""
     config = dataclasses.replace(engine.config, **keys)

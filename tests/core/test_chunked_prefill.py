@@ -22,6 +22,7 @@ import torch
 
 import tileinfer
 from conftest import DEVICE, reference_engine, repetitive_prompt
+from device_loop import rows_of_calls
 from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder
 from tileinfer.interfaces import Draft, Proposer, ProposerContext
@@ -96,26 +97,9 @@ def spy_steps(engine: tileinfer.Engine, heads: list[int] | None = None) -> list[
     seen: list[tuple[int, int]] = []
     model, forward_pass = engine.model, engine.decoder.steps.forward_pass
     forward = type(forward_pass).__call__
-    rows: list[int] = []
-    gate_up = model.layers[0].gate_up
-    original = type(gate_up).__call__
-
-    class Spy(type(gate_up)):
-        def __call__(self, x, *args, **kw):
-            rows.append(x.shape[0])
-            return original(self, x, *args, **kw)
-
-    gate_up.__class__ = Spy
+    rows = rows_of_calls(model.layers[0].gate_up)
     if heads is not None:
-        head = model.lm_head
-        head_call = type(head).__call__
-
-        class HeadSpy(type(head)):
-            def __call__(self, x, *args, **kw):
-                heads.append(x.shape[0])
-                return head_call(self, x, *args, **kw)
-
-        head.__class__ = HeadSpy
+        rows_of_calls(model.lm_head, heads)
 
     class StepSpy(type(forward_pass)):
         def __call__(self, tokens, step, kv, *args, **kw):

@@ -14,7 +14,7 @@ import pytest
 
 import tileinfer
 from conftest import DEVICE, repetitive_prompt
-from device_loop import rebuild, rerun_capture, with_loop
+from device_loop import rebuild, rerun_capture, rows_of_calls, with_loop
 from tileinfer.decode_plan import DecodePlan
 from tileinfer.hookspecs import Implementation
 from tileinfer.plugins.per_op import PerOpForward
@@ -63,16 +63,7 @@ def build(folder, registry, **keys) -> tileinfer.Engine:
 
 def counted(model) -> list[int]:
     """The rows of each call of ``model``'s first qkv Linear from now on (one per forward pass)."""
-    calls, qkv = [], model.layers[0].qkv
-    call = type(qkv).__call__
-
-    class Counted(type(qkv)):
-        def __call__(self, x, *args, **kw):
-            calls.append(x.shape[0])
-            return call(self, x, *args, **kw)
-
-    qkv.__class__ = Counted
-    return calls
+    return rows_of_calls(model.layers[0].qkv)
 
 
 MODES = {
