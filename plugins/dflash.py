@@ -18,9 +18,11 @@ marginals, a valid but less coherent proposal). The block's keys and values are 
 so the store holds the context of committed positions only: what the target rejects never
 reaches it (the hidden states ``accept`` gets are those of the kept positions).
 
-On a GPU with ``cuda_graphs`` both steps are replayed from CUDA graphs captured when it is built
-(plugins/dflash_steps.py: the block step, and the context step of each row count a verify step
-can keep, 1 to ``spec_k + 1``); prompt chunks of more than 16 positions run eagerly.
+Its block step runs through a ForwardPass over the drafter (config key ``forward``, as the
+target's steps). On a GPU with ``cuda_graphs`` both steps are replayed from CUDA graphs captured
+when it is built (plugins/dflash_steps.py: the block step, and the context step of each row
+count a verify step can keep, 1 to ``spec_k + 1``); prompt chunks of more than 16 positions run
+eagerly.
 
 It drafts on the device (``Proposer.draft_on_device``) for the device-resident speculative loop
 (``tileinfer.device_speculation``) when its block has at most 16 positions: the block step after
@@ -47,7 +49,7 @@ from tileinfer.interfaces import DeviceSequence, Draft, Proposer, ProposerContex
 from tileinfer.options import Option
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
 from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
-from tileinfer.steps import MAX_GRAPH_TOKENS, cuda_graph_capture
+from tileinfer.steps import MAX_GRAPH_TOKENS, build_forward, cuda_graph_capture
 
 
 def dflash_folder(model: str, config) -> Path:
@@ -114,6 +116,7 @@ class DFlashProposer(Proposer):
 
         graphs = target.device.type == "cuda" and config.cuda_graphs
         self.steps = DFlashSteps(self.model, self.kv, block, self.mask_token_id,
+                                 forward=build_forward(self.model, config, context.registry),
                                  capture=cuda_graph_capture if graphs else None)
         with torch.inference_mode():
             self.steps.capture_graphs(range(1, config.spec_k + 2))
