@@ -144,18 +144,17 @@ def quantize_checkpoint(model: Path, out: Path, *, progress: bool = False) -> Pa
 
     from tileinfer.errors import CheckpointError, UsageError
     from tileinfer.loading import CheckpointReader
-    from tileinfer.model_config import ModelConfig, read_json, read_quantization
+    from tileinfer.model_config import read_config
 
     model, out = Path(model), Path(out)
-    mc = ModelConfig.from_folder(model)
-    if read_quantization(model) != "none":
-        raise UsageError(f"{model / 'config.json'}: the checkpoint is already quantized ({read_quantization(model)})")
+    raw, mc, stored = read_config(model)
+    if stored != "none":
+        raise UsageError(f"{model / 'config.json'}: the checkpoint is already quantized ({stored})")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: exists and is not an empty folder")
-    raw = read_json(model / "config.json")
     dtype = {"float16": torch.float16, "float32": torch.float32}.get(raw.get("torch_dtype") or raw.get("dtype"),
                                                                     torch.bfloat16)
-    reader = CheckpointReader(model, mc, torch.device("cpu"), torch.float32)
+    reader = CheckpointReader(model, mc, torch.device("cpu"), torch.float32, quantization=stored)
     quantized = set(quantized_modules(mc))
     tensors: dict[str, torch.Tensor] = {}
     for name in tqdm(list(reader.expected), desc="quantizing", disable=not progress or None, leave=False):
