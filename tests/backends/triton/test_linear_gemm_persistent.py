@@ -263,7 +263,7 @@ def test_split_plan_at_the_qwen3_shapes(name):
     assert split_plan(1024, 2560, 4096, 128, 128, 64, 132) == (2, 4)
 
 
-@pytest.mark.parametrize("fmt", ["none", "int8"])
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
 def test_sweep_candidates_at_t_1024(fmt):
     """The benchmark's prefill sweep: at most 20 candidates a layer, persistent ones with and
     without TMA and a flattened loop, split tails where the plan splits (N = hidden)."""
