@@ -107,14 +107,16 @@ def rule_config(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
                 out_dtype: torch.dtype | None = None) -> GemvConfig | GemmConfig:
     """The tiles :func:`linear` runs for these arguments without ``config``: ``gemv_config`` for T <=
     16, else ``gemm_config`` (the persistent TMA kernel's tiles where the device has TMA and the
-    tensors allow descriptors, for launches without SwiGLU). A per-op chain that must equal a fused
-    SwiGLU call passes ``rule_config(x, w, scale, swiglu=True)`` to its plain call."""
+    tensors allow descriptors, for 16-bit activations and launches without SwiGLU: its tiles and
+    stages were measured for bf16, and float32 ones do not fit in shared memory). A per-op chain
+    that must equal a fused SwiGLU call passes ``rule_config(x, w, scale, swiglu=True)`` to its
+    plain call."""
     T, K = x.shape
     n_w = w.shape[0]
     int8 = scale is not None
     if T <= SMALL_STEP_MAX_TOKENS:
         return gemv_config(n_w, K, T, sms_of(x.device), int8=int8)
-    tma = tma_supported(x.device) and tma_ok(x, w)
+    tma = x.element_size() == 2 and tma_supported(x.device) and tma_ok(x, w)
     return gemm_config(T, n_w, K, sms_of(x.device), int8=int8, swiglu=swiglu, tma=tma,
                        out_bytes=(out_dtype or x.dtype).itemsize)
 

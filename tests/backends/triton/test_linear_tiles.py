@@ -5,7 +5,10 @@ TMA kernel where the device has TMA, for launches without SwiGLU), ``counters_ne
 from __future__ import annotations
 
 import pytest
+import torch
 
+from tileinfer.backends.triton import linear as triton_linear
+from tileinfer.backends.triton.linear import rule_config
 from tileinfer.backends.triton.linear_tiles import (
     GEMM_TILES,
     PERSISTENT_TILES,
@@ -105,3 +108,14 @@ def test_persistent_gemm_where_tma_is_there(name):
         assert cfg.flatten == (stages * (bm + bn) * bk * 2 + bm * bn * (4 if lm_head else 2) <= SMEM_BYTES)
     assert gemm_config(1024, N, K, tma=True, swiglu=True) == gemm_config(1024, N, K, swiglu=True)
     assert not gemm_config(1024, N, K, tma=True, int8=True).persistent
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_persistent_gemm_takes_16_bit_activations_only(monkeypatch, dtype):
+    """``rule_config`` on a device with TMA: 16-bit activations take the persistent tiles at the 4B
+    o_proj shape; float32 ones keep the tiled kernel (the persistent tiles and stages need twice
+    the shared memory in float32, more than an H200 has)."""
+    monkeypatch.setattr(triton_linear, "tma_supported", lambda device: True)
+    N, K = QWEN3_LINEARS["4B.o_proj"]
+    x, w = torch.zeros(1024, K, dtype=dtype), torch.zeros(N, K, dtype=dtype)
+    assert rule_config(x, w).persistent == (dtype == torch.float16)
