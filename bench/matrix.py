@@ -350,6 +350,22 @@ def peers_table(records: list[dict]) -> str:
             + (f"\n\nNot measured (no record of this commit): {', '.join(absent)}." if absent else ""))
 
 
+HEADLINE = ("default", "torch-matmul", "hf-sdpa", "hf-static-compile", "engine-compiled")
+HEADLINE_WORKLOADS = ("prefill1024", "decode128_ctx1024")
+
+
+def headline_table(records: list[dict]) -> str:
+    """Our default beside cuBLAS linears and the BF16 peers at a 1,024-token prefill and the decode
+    after it, each row's gain over the default of its own run."""
+    from .report import markdown
+
+    rows = Rows(records)
+    body = [[n, *(_cell(rows.index.get((n, w))) + ("" if n == "default" else rows.gain(rows.index.get((n, w))))
+                  for w in HEADLINE_WORKLOADS)]
+            for n in HEADLINE if any((n, w) in rows.index for w in HEADLINE_WORKLOADS)]
+    return markdown(["", *HEADLINE_WORKLOADS], body) + "\n\n" + GAIN_NOTE
+
+
 def table(title: str, names: tuple[str, ...], render, workloads: tuple[str, ...] = ALL_NAMES,
           any_peer: bool = False):
     """A report table of the matrix records of one shape whose name is in ``names`` (``any_peer``:
@@ -368,7 +384,8 @@ def table(title: str, names: tuple[str, ...], render, workloads: tuple[str, ...]
 
 
 def tables() -> list:
-    return [table("summary (decode: % of the roofline; prefill: TFLOP/s, % of the matmul peak)",
+    return [table("headline (x: our default over the row)", HEADLINE, headline_table, HEADLINE_WORKLOADS),
+            table("summary (decode: % of the roofline; prefill: TFLOP/s, % of the matmul peak)",
                   ("default", *QUANTIZED), summary_table),
             table("ablation (the gain of the feature switched off: default over the variant)", tuple(VARIANTS),
                   ablation_table),

@@ -62,10 +62,13 @@ def test_gains_divide_by_the_default_of_the_same_run_and_only_that():
     peers = matrix.peers_table(rows)
     assert f"| default ({late}) | 20.0 ms |  |" in peers and "| hf-sdpa | 30.0 ms x1.50 |  |" in peers
     assert "Not measured (no record of this commit): hf-static-compile, engine-compiled," in peers
+    headline = matrix.headline_table(rows)
+    assert "| torch-matmul | 9.00 ms, 1.00 TFLOP/s (50.0%) x0.90 |  |" in headline
+    assert "| hf-sdpa | 30.0 ms, 1.00 TFLOP/s (50.0%) x1.50 |  |" in headline  # over its own run's default
 
 
 def test_each_table_comes_from_the_newest_commit_that_has_every_row():
-    graph = matrix.tables()[2]  # the CUDA-graph chain of decode128_ctx1024
+    graph = next(t for t in matrix.tables() if "CUDA graphs" in t.title)  # the chain of decode128_ctx1024
     chain = [v for _, c in matrix.GRAPH_TABLE for v in c]
     full = [row(v, "decode128_ctx1024", 100.0 + i, commit="old", date="2026-11-01T00:00:00+00:00", shape="Qwen3-4B")
             for i, v in enumerate(chain)]
