@@ -12,15 +12,20 @@ from tileinfer.hookspecs import Implementation
 from tileinfer.interfaces import KVGeometry, KVStore, LayerKV
 
 
+def empty_pages(geometry: KVGeometry, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialized K and V pages of every layer, ``[num_layers, num_pages, num_kv_heads,
+    page_size, head_dim]`` of ``dtype``."""
+    g = geometry
+    shape = (g.num_layers, g.num_pages, g.num_kv_heads, g.page_size, g.head_dim)
+    return torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+
+
 class PagedKVStore(KVStore):
     """Pages in the model dtype: ``[num_pages, num_kv_heads, page_size, head_dim]`` per layer."""
 
     def __init__(self, geometry: KVGeometry, device, *, key_norm_weights=None, options=None) -> None:
         super().__init__(geometry, device, key_norm_weights=key_norm_weights, options=options)
-        g = geometry
-        shape = (g.num_layers, g.num_pages, g.num_kv_heads, g.page_size, g.head_dim)
-        self.k = torch.empty(shape, dtype=g.dtype, device=self.device)
-        self.v = torch.empty(shape, dtype=g.dtype, device=self.device)
+        self.k, self.v = empty_pages(geometry, geometry.dtype, self.device)
 
     def write(self, layer, positions, k, v) -> None:
         write_pages(self.k[layer], self.block_table, positions, k)
@@ -42,14 +47,11 @@ class PagedInt8KVStore(KVStore):
 
     def __init__(self, geometry: KVGeometry, device, *, key_norm_weights=None, options=None) -> None:
         super().__init__(geometry, device, key_norm_weights=key_norm_weights, options=options)
-        g = geometry
-        shape = (g.num_layers, g.num_pages, g.num_kv_heads, g.page_size, g.head_dim)
-        self.k = torch.empty(shape, dtype=torch.int8, device=self.device)
-        self.v = torch.empty(shape, dtype=torch.int8, device=self.device)
-        self.k_scale = torch.empty(shape[:-1], dtype=torch.float32, device=self.device)
-        self.v_scale = torch.empty(shape[:-1], dtype=torch.float32, device=self.device)
+        self.k, self.v = empty_pages(geometry, torch.int8, self.device)
+        self.k_scale = torch.empty(self.k.shape[:-1], dtype=torch.float32, device=self.device)
+        self.v_scale = torch.empty(self.k.shape[:-1], dtype=torch.float32, device=self.device)
         if key_norm_weights is None:
-            self.k_smooth = torch.ones(g.num_layers, g.head_dim, dtype=torch.float32, device=self.device)
+            self.k_smooth = torch.ones(geometry.num_layers, geometry.head_dim, dtype=torch.float32, device=self.device)
         else:
             self.k_smooth = torch.stack([key_smoothing(w).to(self.device) for w in key_norm_weights])
 
