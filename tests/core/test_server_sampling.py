@@ -13,19 +13,10 @@ openai = pytest.importorskip("openai")  # the server's stack: installed by the [
 import tileinfer  # noqa: E402
 from conftest import REFERENCE_CPU as BASE  # noqa: E402
 from test_server import KEY, assert_error, model_id, post, running  # noqa: E402
+from test_server import engine, reference  # noqa: E402, F401  (its fixtures: the served engine, one to compare)
 from tileinfer.interfaces import SamplingParams  # noqa: E402
 
 PENALTIES = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_checkpoint):
-    return tileinfer.Engine.from_config(model=str(tiny_checkpoint), overrides=BASE, progress=False)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_checkpoint):
-    return tileinfer.Engine.from_config(model=str(tiny_checkpoint), overrides=BASE, progress=False)
 
 
 @pytest.fixture(scope="module")
