@@ -1,6 +1,6 @@
 """Helpers of the decoding tests: decoders built as the engine builds them on CUDA (the engine
-decodes eagerly on a CPU), a stand-in graph capture, a guard against host reads of device values,
-and the KV poisoning that shows which cached positions a step reads."""
+decodes eagerly on a CPU), a stand-in graph capture, guards against host reads of device values
+and against CUDA syncs, and the KV poisoning that shows which cached positions a step reads."""
 
 from __future__ import annotations
 
@@ -99,6 +99,29 @@ def first_new_token(tokens: list[int], index: int) -> tuple[int, int]:
         if tokens[i] not in tokens[:i]:
             return tokens[i], i
     raise AssertionError(f"every token after index {index} occurs earlier: {tokens}")
+
+
+@contextlib.contextmanager
+def no_sync_in(decoder: Decoder, stepper):
+    """Make any synchronizing CUDA call (``.item()``, a blocking copy, ``torch.multinomial``'s
+    checks) raise while ``stepper`` (the decoder's plain strategy, or its device loop) enqueues a
+    step and while ``decoder`` sends a record to the host."""
+    step, send = stepper.step, decoder.records.send
+
+    def strict(fn):
+        def call(*args):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return fn(*args)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return call
+
+    stepper.step, decoder.records.send = strict(step), strict(send)
+    try:
+        yield
+    finally:
+        stepper.step, decoder.records.send = step, send
 
 
 class HostRead(AssertionError):

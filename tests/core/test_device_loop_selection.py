@@ -13,7 +13,7 @@ import torch
 
 import tileinfer
 from conftest import DEVICE, reference_engine, repetitive_prompt
-from device_loop import device_engine, guard_steps
+from device_loop import device_engine, guard_steps, no_sync_in
 from tileinfer.backends.reference.ngram import ngram_lookup
 from tileinfer.device_speculation import drafts_on_device
 from tileinfer.hookspecs import Implementation
@@ -128,26 +128,6 @@ def test_the_engine_builds_the_loop_for_a_device_proposer_on_cuda_only(folder, c
 
 # -- GPU ---------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def no_sync_in(decoder):
-    """Any synchronizing CUDA call while a step is enqueued or its record sent raises."""
-    step, send = decoder.loop.step, decoder.records.send
-
-    def strict(fn):
-        def call(*args):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                return fn(*args)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        return call
-
-    decoder.loop.step, decoder.records.send = strict(step), strict(send)
-    try:
-        yield
-    finally:
-        decoder.loop.step, decoder.records.send = step, send
-
 
 GPU_VARIANTS = {"reference": ["reference"], "triton": ["eager"]}
 
@@ -171,7 +151,7 @@ def test_the_device_loop_gives_the_sequential_tokens_on_the_gpu(folder, variant,
     loop = engine.decoder.loop
     assert loop is not None and sorted(loop.graphs) == ([spec_k] if graphs else [])
     for max_new in (NEW, 20, 1):  # across pages; a stop inside a step; the prefill's token only
-        with no_sync_in(engine.decoder) if variant == "triton" else contextlib.nullcontext():
+        with no_sync_in(engine.decoder, engine.decoder.loop) if variant == "triton" else contextlib.nullcontext():
             device = engine.generate(PROMPT, max_new_tokens=max_new)
         assert device.stats.decode_loop == "speculative-device"
         assert device.token_ids == sequential.token_ids[:max_new]
@@ -185,7 +165,7 @@ def test_the_default_config_takes_the_device_loop_with_adaptive_k(folder):
     keys = dict(model=str(folder), dtype="float32", proposer="ngram", spec_k=5, spec_adaptive=True, progress=False)
     engine = tileinfer.Engine.from_config(**keys)  # the default config (Triton, CUDA graphs, pipelined)
     assert engine.decoder.loop is not None and sorted(engine.decoder.loop.graphs) == [1, 2, 3, 4, 5]
-    with no_sync_in(engine.decoder):
+    with no_sync_in(engine.decoder, engine.decoder.loop):
         result = engine.generate(PROMPT, max_new_tokens=NEW)
     assert result.stats.decode_loop == "speculative-device" and len(result.token_ids) == NEW
     sequential = tileinfer.Engine.from_config(**keys, pipelined=False)

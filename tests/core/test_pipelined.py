@@ -8,7 +8,6 @@ config key.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import pytest
@@ -17,11 +16,10 @@ import yaml
 
 import tileinfer
 from conftest import DEVICE
-from device_loop import rebuild, rerun_capture
+from device_loop import no_sync_in, rebuild, rerun_capture
 from tileinfer.cli import main
 from tileinfer.config import load_config
 from tileinfer.decode_plan import DecodePlan
-from tileinfer.decoding import Decoder
 from tileinfer.interfaces import SamplingParams
 from tileinfer.plugins.reference.sampler import ReferenceSampler
 
@@ -223,28 +221,6 @@ def test_config_has_the_key(capsys):
 
 # -- GPU ---------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def no_sync_in(decoder: Decoder):
-    """Make any synchronizing CUDA call (``.item()``, a blocking copy, ``torch.multinomial``'s
-    checks) raise while ``decoder`` enqueues a step and its record's copy to the host."""
-    plain = decoder.strategies["plain"]
-    step, send = plain.step, decoder.records.send
-
-    def strict(fn):
-        def call(*args):
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                return fn(*args)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        return call
-
-    plain.step, decoder.records.send = strict(step), strict(send)
-    try:
-        yield
-    finally:
-        plain.step, decoder.records.send = step, send
-
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("sampling", SAMPLINGS)
@@ -274,6 +250,6 @@ def test_pipelined_gives_the_eager_tokens_on_the_gpu(folder, variant, graphs, sa
 def test_a_pipelined_step_does_not_sync_on_the_gpu(folder, graphs, sampling):
     engine = build(folder, "eager", cuda_graphs=graphs, pipelined=True, **SAMPLINGS[sampling])
     warm = engine.generate(PROMPT, max_new_tokens=NEW)  # kernels compiled, graphs captured
-    with no_sync_in(engine.decoder):
+    with no_sync_in(engine.decoder, engine.decoder.strategies["plain"]):
         checked = engine.generate(PROMPT, max_new_tokens=NEW)  # new KV pages at 16 and 32 included
     assert checked.token_ids == warm.token_ids
