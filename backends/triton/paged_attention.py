@@ -106,9 +106,6 @@ def _kernel_flags(dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
 # tile was not timed.
 INT8_BLOCK_N = 32  # the prefill's
 INT8_DECODE_BLOCK_N = 64
-# The decode kernel's int8 loads one tile ahead (paged_attention_tiles.attend_tiles_int8 PREFETCH): off
-# until timed (bench/kernels/paged_attention.py --int8-prefetch compares both).
-INT8_PREFETCH = False
 
 
 def _prefill_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
@@ -130,7 +127,7 @@ def _decode_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
     Int8 pages: :data:`INT8_DECODE_BLOCK_N` keys.
     """
     if kv_int8:
-        return dict(BLOCK_N=INT8_DECODE_BLOCK_N, num_warps=4, num_stages=3, INT8_PREFETCH=INT8_PREFETCH)
+        return dict(BLOCK_N=INT8_DECODE_BLOCK_N, num_warps=4, num_stages=3)
     return dict(BLOCK_N=64, num_warps=4, num_stages=3)
 
 

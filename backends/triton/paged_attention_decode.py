@@ -15,9 +15,7 @@ a replayed CUDA graph follows the step.
 Int8 pages (``KV_INT8``, ``kv_store=paged_int8``; paged_attention_int8.py): the same loop through
 :func:`attend_tiles_int8`, which converts each int8 tile in registers and applies the per-vector
 scales to the scores and to ``P``; with ``SMOOTH`` the q rows are first multiplied by the key
-smoothing and rounded (:func:`smooth_q`), as the reference attention does. ``INT8_PREFETCH``
-(``_decode_config``'s): the unmasked tiles' int8 loads are issued one tile ahead (a register double
-buffer), the same bits.
+smoothing and rounded (:func:`smooth_q`), as the reference attention does.
 
 ``_paged_decode_combine_kernel``, grid ``(T * H,)``: a program loads the ``num_splits`` partials of
 one (token, q head), weights each by ``exp2(m_s - M)`` (splits that saw no key of this row have
@@ -54,7 +52,7 @@ def _paged_decode_kernel(
     KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, INT8_PREFETCH: tl.constexpr = False,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     if PDL:
         gdc_launch_dependents()
@@ -90,7 +88,7 @@ def _paged_decode_kernel(
         vs_base = vs_ptr + kv_head.to(tl.int64) * stride_sh
         acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
                                           stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, qk_scale,
-                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION, INT8_PREFETCH)
+                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
         acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
                                           stride_ks, stride_vp, stride_vs, stride_sp, qpos, full_end, hi, qk_scale,
                                           offs_d, True, BLOCK_N, PAGE_SIZE, DOT_PRECISION)

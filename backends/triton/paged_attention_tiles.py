@@ -172,58 +172,18 @@ def _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, h
 
 
 @triton.jit
-def _load_int8_raw(base, scale_base, rows, srows, offs_d, valid):
-    """An int8 ``[BLOCK_N, D]`` tile as stored and its ``[BLOCK_N]`` float32 scales; 0 where not
-    ``valid`` (as :func:`_load_int8_tile` masks them)."""
-    x = tl.load(base + rows[:, None] + offs_d[None, :], mask=valid[:, None], other=0)
-    scale = tl.load(scale_base + srows, mask=valid, other=0.0)
-    return x, scale
-
-
-@triton.jit
-def _attend_tiles_int8_prefetched(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks,
-                                  stride_vp, stride_vs, stride_sp, qpos, lo, hi, qk_scale, offs_d, k_rows, v_rows,
-                                  s_rows, MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                                  DOT_PRECISION: tl.constexpr):
-    """:func:`attend_tiles_int8`'s loop with the next tile's loads issued before this tile's math."""
-    offs = tl.arange(0, BLOCK_N)
-    k8, k_scale = _load_int8_raw(k_base, ks_base, k_rows, s_rows, offs_d, lo + offs < hi)
-    v8, v_scale = _load_int8_raw(v_base, vs_base, v_rows, s_rows, offs_d, lo + offs < hi)
-    for n0 in tl.range(lo, hi, BLOCK_N, num_stages=1):
-        k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, n0 + BLOCK_N, hi, stride_kp, stride_ks, stride_vp,
-                                                 stride_vs, stride_sp, BLOCK_N, PAGE_SIZE)
-        next_ok = n0 + BLOCK_N + offs < hi
-        nk8, nk_scale = _load_int8_raw(k_base, ks_base, k_rows, s_rows, offs_d, next_ok)
-        nv8, nv_scale = _load_int8_raw(v_base, vs_base, v_rows, s_rows, offs_d, next_ok)
-        acc, l_i, m_i = _softmax_step_int8(acc, l_i, m_i, q, k8.to(q.dtype), k_scale, v8.to(q.dtype), v_scale,
-                                           n0 + offs, qpos, hi, qk_scale, MASKED, DOT_PRECISION)
-        k8, k_scale, v8, v_scale = nk8, nk_scale, nv8, nv_scale
-    return acc, l_i, m_i
-
-
-@triton.jit
 def attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks,
                       stride_vp, stride_vs, stride_sp, qpos, lo, hi, qk_scale, offs_d,
                       MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr = False):
+                      DOT_PRECISION: tl.constexpr):
     """:func:`attend_tiles` over int8 pages with one float32 scale per cached vector (``ks_base``,
     ``vs_base``: the kv head's ``[P, page_size]`` scales, page stride ``stride_sp``): each tile is
     converted to q's dtype in registers, the key scales multiply the scores (with ``qk_scale``) and
     the value scales multiply ``P`` before its rounding to q's dtype for the second ``tl.dot``; no
     dequantized copy of the cache, no score matrix beyond the ``[BLOCK_M, BLOCK_N]`` tile. The
-    block-table entry of the next tile is read one iteration ahead, as in :func:`attend_tiles`.
-
-    ``PREFETCH``: the next tile's int8 K and V and their scales are loaded one iteration ahead too
-    (a register double buffer: the loads are in flight while this tile's math runs), masked past
-    ``hi``; the same values reach the same math, so the result is the same bit for bit."""
+    block-table entry of the next tile is read one iteration ahead, as in :func:`attend_tiles`."""
     k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, lo, hi, stride_kp, stride_ks, stride_vp, stride_vs,
                                              stride_sp, BLOCK_N, PAGE_SIZE)
-    if PREFETCH:
-        acc, l_i, m_i = _attend_tiles_int8_prefetched(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr,
-                                                      stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos,
-                                                      lo, hi, qk_scale, offs_d, k_rows, v_rows, s_rows, MASKED,
-                                                      BLOCK_N, PAGE_SIZE, DOT_PRECISION)
-        lo = hi  # the loop below has nothing left to do
     for n0 in tl.range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         k, k_scale = _load_int8_tile(k_base, ks_base, k_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype)

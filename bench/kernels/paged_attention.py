@@ -1,7 +1,7 @@
 """Paged attention (backends/triton/paged_attention.py) at Qwen3-4B's attention shape, on one GPU.
 
     python -m bench kernels paged_attention [--kv bf16,int8] [--contexts 1024,8192,32768]
-        [--int8-tiles 32,64] [--int8-prefetch] [--repeats N] [--peak-tflops F]
+        [--int8-tiles 32,64] [--repeats N] [--peak-tflops F]
 
 The shape: 32 q heads, 8 kv heads, D 128, page 64, bf16 q. The INT8 KV figure (decode attention at
 32k with int8 against bf16 pages, bandwidth counted on the int8 bytes): ``--contexts 32768``.
@@ -14,9 +14,8 @@ scale per cached vector and keys smoothed, ``kv_store=paged_int8``):
   also given as bytes of K and V read per second (as stored: 2 bytes per element for bf16, 1 byte
   plus a 4-byte scale per vector for int8) and as a fraction of the device copy bandwidth (bytes
   read + written of a large tensor copy, measured in the same run); int8 rows are timed with each
-  key tile of --int8-tiles (default: the kernel's own) and, with --int8-prefetch, both with and
-  without the int8 tiles loaded one tile ahead (``INT8_PREFETCH``), and a summary gives the
-  int8/bf16 speedup of each (context, T) at the default splits;
+  key tile of --int8-tiles (default: the kernel's own), and a summary gives the int8/bf16 speedup
+  of each (context, T) at the default splits;
 - the prefill kernel on a 1,024-token prompt (and a 1,024-token chunk after 4,096 cached positions),
   in TFLOP/s (4 T L_avg H D, L_avg = start + (T + 1) / 2 with the causal halving) against
   --peak-tflops;
@@ -55,8 +54,6 @@ def arguments(p) -> None:
     p.add_argument("--kv", type=names, default=list(KV_FORMATS), help="page formats: bf16, int8 (default both)")
     p.add_argument("--contexts", type=integers, default=list(CONTEXTS),
                    help="cached positions of the decode cases (default 1024,8192,32768)")
-    p.add_argument("--int8-prefetch", action="store_true",
-                   help="time the int8 decode with and without its tiles loaded one ahead (INT8_PREFETCH)")
     p.add_argument("--int8-tiles", type=integers, default=[], help="key tiles (BLOCK_N) to time the int8 kernels "
                    "with, e.g. 32,64 (default: the kernels' own)")
     records.arguments(p)
@@ -123,31 +120,22 @@ def tiles(kv: str, int8_tiles: list[int]) -> list[int | None]:
     return (int8_tiles or [None]) if kv == "int8" else [None]
 
 
-def with_tile(block_n: int | None, prefetch: bool | None = None):
-    """The kernels' configs with the key tile ``block_n`` and the int8 decode's ``INT8_PREFETCH``
-    (None: unchanged); restore with the returned value."""
+def with_tile(block_n: int | None):
+    """The kernels' configs with the key tile ``block_n`` (None: unchanged); restore with the
+    returned value."""
     from tileinfer.backends.triton import paged_attention as P
 
-    saved = P._decode_config, P._prefill_config, P.INT8_PREFETCH
+    saved = P._decode_config, P._prefill_config
     if block_n is not None:
         P._decode_config = lambda *a, **kw: dict(saved[0](*a, **kw), BLOCK_N=block_n)
         P._prefill_config = lambda *a, **kw: dict(saved[1](*a, **kw), BLOCK_N=block_n)
-    if prefetch is not None:
-        P.INT8_PREFETCH = prefetch
     return saved
 
 
 def restore(saved) -> None:
     from tileinfer.backends.triton import paged_attention as P
 
-    P._decode_config, P._prefill_config, P.INT8_PREFETCH = saved
-
-
-def int8_prefetch(kv: str) -> bool | None:
-    """Whether the int8 decode loads its tiles one ahead now (None for bf16 pages)."""
-    from tileinfer.backends.triton import paged_attention as P
-
-    return P.INT8_PREFETCH if kv == "int8" else None
+    P._decode_config, P._prefill_config = saved
 
 
 def kernel_tile(kv: str, block_n: int | None, prefill: bool = False) -> int:
@@ -170,9 +158,8 @@ def decode_rows(args, kv: str, bench, bandwidth: float, scale: float) -> list[di
             sdpa_s = bench(sdpa_fn(q, k, v, context, scale)) if kv == "bf16" else None
             default = decode_splits(length, kv == "int8")
             positions = torch.arange(context, length, device="cuda")
-            for block_n, prefetch in ((b, p) for b in tiles(kv, args.int8_tiles)
-                                      for p in (args.prefetch if kv == "int8" else [None])):
-                saved = with_tile(block_n, prefetch)
+            for block_n in tiles(kv, args.int8_tiles):
+                saved = with_tile(block_n)
                 try:
                     for splits in SPLITS + ((default,) if default not in SPLITS else ()):
                         out = torch.empty_like(q)
@@ -181,14 +168,13 @@ def decode_rows(args, kv: str, bench, bandwidth: float, scale: float) -> list[di
                         fn()
                         err = max_error(out, q, k_pages, v_pages, bt, context, scale, int8)
                         seconds = bench(fn)
-                        row = dict(kv=kv, block_n=kernel_tile(kv, block_n), prefetch=int8_prefetch(kv), context=context,
-                                   new_tokens=t,
+                        row = dict(kv=kv, block_n=kernel_tile(kv, block_n), context=context, new_tokens=t,
                                    num_splits=splits, default_splits=splits == default, kernel_us=seconds * 1e6,
                                    host_us=host_seconds(fn) * 1e6, kv_bytes=moved, kv_gb_s=moved / seconds / 1e9,
                                    fraction_of_copy=moved / seconds / bandwidth,
                                    sdpa_us=None if sdpa_s is None else sdpa_s * 1e6, max_error=err)
                         rows.append(row)
-                        label = f"{'p' if row['prefetch'] else ''}{splits}{'*' if splits == default else ' '}"
+                        label = f"{splits}{'*' if splits == default else ' '}"
                         sdpa = f"{row['sdpa_us']:7.1f}" if sdpa_s is not None else "      -"
                         print(f"   {kv:>4} {row['block_n']:3d} {context:7d} {t:2d} {label:>7} | "
                               f"{row['kernel_us']:9.1f} {row['host_us']:8.1f} | {row['kv_gb_s']:7.0f} "
@@ -239,7 +225,6 @@ def speedups(decode: list[dict]) -> list[dict]:
         base = bf16.get((r["context"], r["new_tokens"]))
         if r["kv"] == "int8" and r["default_splits"] and base is not None:
             out.append(dict(context=r["context"], new_tokens=r["new_tokens"], block_n=r["block_n"],
-                            prefetch=r["prefetch"],
                             bf16_us=base["kernel_us"], int8_us=r["kernel_us"],
                             speedup=base["kernel_us"] / r["kernel_us"], int8_fraction_of_copy=r["fraction_of_copy"]))
     return out
@@ -251,7 +236,6 @@ def main(args) -> int:
     if any(f not in KV_FORMATS for f in args.kv):
         print(f"error: --kv takes {', '.join(KV_FORMATS)}, got {','.join(args.kv)}")
         return 2
-    args.prefetch = [False, True] if args.int8_prefetch else [None]
     from tileinfer.backends.triton.paged_attention import paged_decode_attention
 
     def bench(fn) -> float:
@@ -272,8 +256,8 @@ def main(args) -> int:
     decode = [row for kv in args.kv for row in decode_rows(args, kv, bench, bandwidth, scale)]
     print("        (* = decode_splits default; KV bytes as stored: int8 counts 1 byte + a 4-byte scale per vector)")
     for r in speedups(decode):
-        print(f"int8/bf16 decode, context {r['context']}, T {r['new_tokens']}, tile {r['block_n']}"
-              f"{', prefetch' if r['prefetch'] else ''}: {r['bf16_us']:.1f} -> {r['int8_us']:.1f} us "
+        print(f"int8/bf16 decode, context {r['context']}, T {r['new_tokens']}, tile {r['block_n']}: "
+              f"{r['bf16_us']:.1f} -> {r['int8_us']:.1f} us "
               f"({r['speedup']:.2f}x), {r['int8_fraction_of_copy']:.1%} of the copy bandwidth on the int8 bytes")
     print("\nprefill: kv tile    T  start |  kernel us  TFLOP/s  of peak | sdpa us  TFLOP/s | max err")
     prefill = [row for kv in args.kv for row in prefill_rows(args, kv, bench, scale)]
@@ -290,9 +274,9 @@ def tables() -> list:
     from ..report import Table, markdown
 
     def decode(rows: list[dict]) -> str:
-        chosen = sorted((r for r in rows if r["default_splits"]), key=lambda r: (r["kv"], r["context"], r["new_tokens"],
-                                                                               r["block_n"], str(r["prefetch"])))
-        body = [[r["kv"], str(r["block_n"]) + (" prefetch" if r["prefetch"] else ""), str(r["context"]),
+        chosen = sorted((r for r in rows if r["default_splits"]),
+                        key=lambda r: (r["kv"], r["context"], r["new_tokens"], r["block_n"]))
+        body = [[r["kv"], str(r["block_n"]), str(r["context"]),
                  str(r["new_tokens"]), str(r["num_splits"]), f"{r['kernel_us']:.1f}", f"{r['kv_gb_s']:.0f}",
                  f"{r['fraction_of_copy']:.1%}", "-" if r["sdpa_us"] is None else f"{r['sdpa_us']:.1f}"]
                 for r in chosen]
@@ -305,7 +289,9 @@ def tables() -> list:
                 for r in sorted(rows, key=lambda r: (r["kv"], r["start"], r["block_n"]))]
         return markdown(["pages", "key tile", "T", "after", "us", "TFLOP/s", "SDPA us", "SDPA TFLOP/s"], body)
 
+    # Records with ``prefetch`` true time an int8 decode loop the kernel does not have (a measured
+    # loss, docs/performance-log.md).
     return [Table("attention", "{group}: paged decode attention", decode, group=lambda r: r["shape"],
-                  select=lambda r: r["phase"] == "decode"),
+                  select=lambda r: r["phase"] == "decode" and not r.get("prefetch")),
             Table("attention", "{group}: paged prefill attention", prefill, group=lambda r: r["shape"],
                   select=lambda r: r["phase"] == "prefill")]

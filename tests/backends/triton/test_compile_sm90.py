@@ -96,14 +96,12 @@ def jobs():
         for name, group, single, causal, int8 in (("decode_g4", 4, False, True, False),
                                                   ("decode_g1", 1, True, True, False),
                                                   ("decode_noncausal_g4", 4, False, False, False),
-                                                  ("decode_int8_g4", 4, False, True, True),
-                                                  ("decode_int8_prefetch_g4", 4, False, True, True)):
-            cfg = dict(P._decode_config(4 * group, HEAD_DIM, int8), INT8_PREFETCH="prefetch" in name)
+                                                  ("decode_int8_g4", 4, False, True, True)):
+            cfg = P._decode_config(4 * group, HEAD_DIM, int8)
             out.append((name, base + "paged_attention_decode", "_paged_decode_kernel",
                          dict(NUM_HEADS=KV_HEADS * group, SINGLE_SPLIT=single, CAUSAL=causal, KV_INT8=int8,
                               SMOOTH=int8, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_M=16,
-                              BLOCK_N=cfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl,
-                              INT8_PREFETCH=cfg["INT8_PREFETCH"]),
+                              BLOCK_N=cfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl),
                          attn8 if int8 else attn, cfg["num_warps"], cfg["num_stages"], {}))
         out.append(("combine", base + "paged_attention_decode", "_paged_decode_combine_kernel",
                      dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl),
@@ -173,7 +171,7 @@ EXPECTED = {
     "gemv": 16, "reduce": 4, "rms_norm_heads": 2, "add": 2, "rms_norm_rows": 2, "attention_inputs": 2,
     "rope": 2, "write_kv": 2, "silu_mul": 2, "decode_g4": 2, "decode_g1": 2,
     "combine": 2, "prefill_g4": 2, "attention_inputs_int8": 2, "write_kv_int8": 2, "decode_noncausal_g4": 2,
-    "decode_int8_g4": 2, "decode_int8_prefetch_g4": 2, "prefill_noncausal_g4": 2, "prefill_int8_g4": 2,
+    "decode_int8_g4": 2, "prefill_noncausal_g4": 2, "prefill_int8_g4": 2,
 }
 
 

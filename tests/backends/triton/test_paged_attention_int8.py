@@ -85,27 +85,6 @@ def test_int8_decode_matches_twin(case, causal):
                   dtype, num_splits=num_splits, causal=causal)
 
 
-@pytest.mark.parametrize("case", [DECODE_CASES[i] for i in (1, 3, 6, 8)], ids=case_id)
-def test_int8_decode_prefetch_is_the_same_bits(case, monkeypatch):
-    """The decode kernel with its int8 tiles loaded one tile ahead (INT8_PREFETCH) gives the bits of
-    the plain loop, over page, split and context ends."""
-    import tileinfer.backends.triton.paged_attention as P
-
-    t, start, group, head_dim, page_size, num_splits, dtype = case
-    q, k_pages, v_pages, block_table, int8 = make_int8_case(7100 + DECODE_CASES.index(case), t, start, group,
-                                                            head_dim, page_size, dtype)
-    outs = []
-    for prefetch in (False, True):
-        monkeypatch.setattr(P, "INT8_PREFETCH", prefetch)
-        out = poisoned(q.shape, q.dtype)
-        paged_decode_attention(q, k_pages, v_pages, block_table, start, head_dim ** -0.5, num_splits=num_splits,
-                               out=out, **int8)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
-    assert_close(outs[1], paged_attention(q, k_pages, v_pages, block_table, start, head_dim ** -0.5, True, **int8),
-                 "two_roundings")
-
-
 # (T, start, group, head_dim, page_size, dtype)
 PREFILL_CASES = [
     (1, 0, 1, 64, 16, F32),
