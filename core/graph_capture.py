@@ -1,7 +1,9 @@
-"""Capturing a step into a CUDA graph: the capture itself, and the warm-up run before it."""
+"""Capturing a step into a CUDA graph: the capture itself, the warm-up run before it, and both
+measured."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -35,4 +37,19 @@ def warm_up(fn: Callable[[], object], device: torch.device, *, release: bool = F
         torch.cuda.empty_cache()
 
 
-__all__ = ["cuda_graph_capture", "warm_up"]
+def measured_capture(fn: Callable[[], T], capture: Callable, pool,
+                     device: torch.device) -> tuple[tuple[Callable[[], None], T], float, int]:
+    """:func:`warm_up` then ``capture(fn, pool)`` (``cuda_graph_capture``'s signature); returns the
+    capture's ``(replay, outputs)``, the milliseconds both took (synchronized, on CUDA) and the
+    device memory allocated meanwhile (bytes; 0 off CUDA)."""
+    cuda = device.type == "cuda"
+    began = time.perf_counter()
+    before = torch.cuda.memory_allocated() if cuda else 0
+    warm_up(fn, device)
+    captured = capture(fn, pool)
+    if cuda:
+        torch.cuda.synchronize()
+    return captured, (time.perf_counter() - began) * 1e3, (torch.cuda.memory_allocated() - before) if cuda else 0
+
+
+__all__ = ["cuda_graph_capture", "measured_capture", "warm_up"]

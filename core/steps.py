@@ -18,12 +18,11 @@ hands to the prefill.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection, Sequence
 
 import torch
 
-from tileinfer.graph_capture import cuda_graph_capture, warm_up
+from tileinfer.graph_capture import cuda_graph_capture, measured_capture
 from tileinfer.interfaces import ForwardPass, KVStore, Step
 from tileinfer.prefill import ChunkCallback, chunked_prefill
 from tileinfer.prefill_graphs import MAX_GRAPH_TOKENS, PrefillGraphs
@@ -112,15 +111,10 @@ class StepRunner:
         return self.forward_pass(self.tokens[:t], step, self.kv, capture=self.capture_layers)
 
     def _record(self, t: int, start: int) -> None:
-        cuda = self.device.type == "cuda"
-        began = time.perf_counter()
-        before = torch.cuda.memory_allocated() if cuda else 0
-        warm_up(lambda: self._step(t, start), self.device)
-        self.graphs[t] = self._capture(lambda: self._step(t, start), self._pool)
-        if cuda:
-            torch.cuda.synchronize()
-        self.capture_ms += (time.perf_counter() - began) * 1e3
-        self.memory_bytes += (torch.cuda.memory_allocated() - before) if cuda else 0
+        self.graphs[t], ms, allocated = measured_capture(lambda: self._step(t, start), self._capture, self._pool,
+                                                         self.device)
+        self.capture_ms += ms
+        self.memory_bytes += allocated
 
     def report(self) -> str:
         if not self.graphed:

@@ -23,12 +23,11 @@ capture them, and a device-resident loop calls them inside its own capture.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection
 
 import torch
 
-from tileinfer.graph_capture import warm_up
+from tileinfer.graph_capture import measured_capture
 from tileinfer.interfaces import ForwardPass, KVStore, Step
 from tileinfer.plugins.dflash_model import DFlashDrafter
 from tileinfer.steps import MAX_GRAPH_TOKENS
@@ -148,15 +147,9 @@ class DFlashSteps:
         return outputs
 
     def _record(self, name: str, fn: Callable[[], object]) -> None:
-        cuda = self.drafter.device.type == "cuda"
-        began = time.perf_counter()
-        before = torch.cuda.memory_allocated() if cuda else 0
-        warm_up(fn, self.drafter.device)
-        self.graphs[name] = self._capture(fn, self._pool)
-        if cuda:
-            torch.cuda.synchronize()
-        self.capture_ms += (time.perf_counter() - began) * 1e3
-        self.memory_bytes += (torch.cuda.memory_allocated() - before) if cuda else 0
+        self.graphs[name], ms, allocated = measured_capture(fn, self._capture, self._pool, self.drafter.device)
+        self.capture_ms += ms
+        self.memory_bytes += allocated
 
     def report(self) -> str:
         if not self.graphed:
