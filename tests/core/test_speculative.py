@@ -49,7 +49,7 @@ def test_ngram_options_reach_the_proposer(greedy_case, n_max):
     assert e.generate(repetitive_prompt(), max_new_tokens=80).token_ids == plain.token_ids
 
 
-def _eos_for(tokens: list[int], at_least: int) -> tuple[int, int]:
+def eos_for(tokens: list[int], at_least: int) -> tuple[int, int]:
     """A token whose first occurrence in ``tokens`` is at index >= at_least: (token, index)."""
     for i, t in enumerate(tokens):
         if i >= at_least and t not in tokens[:i]:
@@ -60,7 +60,7 @@ def _eos_for(tokens: list[int], at_least: int) -> tuple[int, int]:
 @pytest.mark.parametrize("spec_k", [1, 3, 7])
 def test_speculation_stops_at_the_same_eos(greedy_case, checkpoint_factory, spec_k):
     folder, plain = greedy_case
-    eos, index = _eos_for(plain.token_ids, 12)
+    eos, index = eos_for(plain.token_ids, 12)
     with_eos = checkpoint_factory(tokenizer=False, eos=eos)  # same seed: same weights, an EOS set
     ref = engine(with_eos).generate(repetitive_prompt(), max_new_tokens=80)
     assert ref.token_ids == plain.token_ids[: index + 1]
@@ -87,9 +87,9 @@ def test_eos_inside_an_accepted_draft_ends_the_generation(greedy_case, checkpoin
     """n-gram drafts rarely put a first-time token in the middle of an accepted run, so an oracle
     proposer does: the engine must cut the step's tokens at the EOS."""
     folder, plain = greedy_case
-    eos, index = _eos_for(plain.token_ids, 12)
+    eos, index = eos_for(plain.token_ids, 12)
     if index % (spec_k + 1) == 0:  # the last token of a full step: move to a later new token
-        eos, index = _eos_for(plain.token_ids, index + 1)
+        eos, index = eos_for(plain.token_ids, index + 1)
     assert index % (spec_k + 1) != 0
     e = engine(checkpoint_factory(tokenizer=False, eos=eos), proposer="ngram", spec_k=spec_k)
     context = dataclasses.replace(e.proposer.context, options={})
@@ -100,6 +100,25 @@ def test_eos_inside_an_accepted_draft_ends_the_generation(greedy_case, checkpoin
     assert out.stats.finish_reason == "eos"
     assert out.stats.steps == -(-index // (spec_k + 1))  # every draft was accepted
     assert e.kv.length == len(repetitive_prompt()) + index + 1  # cut after the EOS, a draft the last step fed
+
+
+def assert_length_stops(plain, *engines) -> None:
+    """Each engine, generation after generation, gives plain greedy's first ``n`` tokens at
+    ``max_new_tokens=n`` (n = 1, 2, 9, 33)."""
+    for e in engines:
+        for n in (1, 2, 9, 33):
+            assert e.generate(repetitive_prompt(), max_new_tokens=n).token_ids == plain.token_ids[:n]
+
+
+def assert_starts_afresh(e, plain, stats, *, shorter: bool = False) -> None:
+    """A second greedy generation on ``e`` gives ``plain``'s tokens again, with the first's
+    ``stats`` (steps and accepted drafts): nothing of the first carried over; with ``shorter``,
+    then shorter ones stop at their length (:func:`assert_length_stops`)."""
+    again = e.generate(repetitive_prompt(), max_new_tokens=len(plain.token_ids))
+    assert again.token_ids == plain.token_ids
+    assert (again.stats.steps, again.stats.accepted_tokens) == (stats.steps, stats.accepted_tokens)
+    if shorter:
+        assert_length_stops(plain, e)
 
 
 def test_speculation_respects_max_new_tokens(greedy_case):

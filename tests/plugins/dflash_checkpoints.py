@@ -7,12 +7,16 @@ model.safetensors whose names carry no ``model.`` prefix and hold no embedding o
 ``reference_logits`` is the drafter written from the spec (shared/notes/dflash.md section 1) in
 plain torch over the checkpoint's tensors: it calls none of tileinfer's layers.
 
-``exact_marginals``: the exact distributions of an engine's first sampled tokens, for the
+``target_and_drafters``: the odd target of the DFlash tests, its plain greedy tokens, and two drafters.
+
+``exact_marginals``: the exact distributions of an engine's first sampled tokens, and
+``sampled_counts_fit``, the sampled tokens of a speculative engine checked against them: the
 sampled-speculation tests of the dflash and draft proposers.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 from pathlib import Path
@@ -20,11 +24,27 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tileinfer.interfaces import Step
+import tileinfer
+from conftest import reference_engine, repetitive_prompt
+from tileinfer.interfaces import SamplingParams, Step
+from test_speculative import chi2_pvalue, fits
 
 # The odd target of the DFlash tests: 7 layers, hidden 96, GQA 4 / 2 heads of 40 (not 96 / 4).
 TARGET = dict(layers=7, hidden=96, heads=4, kv_heads=2, head_dim=40, intermediate=160, vocab=320, tie=True,
               tokenizer=False)
+
+
+def target_and_drafters(checkpoint_factory, folder: Path,
+                        new_tokens: int) -> tuple[Path, tileinfer.Generation, dict[str, Path]]:
+    """The odd TARGET, its plain greedy generation of ``new_tokens`` after ``repetitive_prompt()``,
+    and two drafters written into ``folder``: ``random`` (drafts rejected), ``one`` (quiet layers:
+    every draft is its mask token, the target's most frequent greedy token)."""
+    target = checkpoint_factory(**TARGET)
+    plain = reference_engine(target).generate(repetitive_prompt(), max_new_tokens=new_tokens)
+    common = collections.Counter(plain.token_ids).most_common(1)[0][0]
+    drafters = {"random": make_dflash(folder / "random", max_positions=1024),
+                "one": make_dflash(folder / "one", mask=common, quiet=1e-3, max_positions=1024)}
+    return target, plain, drafters
 
 
 def make_dflash(folder: Path, *, hidden: int = 96, vocab: int = 320, layers: int = 2, heads: int = 6,
@@ -171,3 +191,24 @@ def exact_marginals(e, prompt: list[int], n: int) -> list[torch.Tensor]:
         out.append(marginal)
         paths = longer
     return out
+
+
+SAMPLING = dict(temperature=1.0, top_k=3)  # the sampled-speculation runs (top-k keeps the exact paths few)
+SEEDS = 1500  # generations per sampled-speculation test
+
+
+def sampled_counts_fit(e, prompt: list[int], p: list[torch.Tensor],
+                       accepted: tuple[float, float]) -> dict[int, torch.Tensor]:
+    """Tokens 2 and 3 (the first speculative step of ``e``, k = 2: accepted drafts, corrections,
+    bonus tokens) of ``SEEDS`` seeded generations under ``SAMPLING``, counted per position
+    (``{1: counts, 2: counts}``). Asserts that the share of accepted drafts lies inside
+    ``accepted`` (both paths of the rule taken) and that each position's counts fit its exact
+    marginal ``p[i]`` (chi-square); returns the counts for a test of power."""
+    runs = [e.generate(prompt, max_new_tokens=3, sampling=SamplingParams(**SAMPLING, seed=s)) for s in range(SEEDS)]
+    low, high = accepted
+    assert low < sum(r.stats.accepted_tokens for r in runs) / sum(r.stats.drafted_tokens for r in runs) < high
+    counts = {}
+    for i in (1, 2):
+        counts[i] = torch.bincount(torch.tensor([r.token_ids[i] for r in runs]), minlength=p[i].numel())
+        assert fits(counts[i], p[i]), (i, chi2_pvalue(counts[i], p[i]))
+    return counts

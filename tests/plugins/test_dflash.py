@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from conftest import ROOT, reference_engine, repetitive_prompt
-from tileinfer.interfaces import SamplingParams
 
-from dflash_checkpoints import TARGET, exact_marginals, make_dflash, reference_logits
-from test_speculative import chi2_pvalue, fits
+from dflash_checkpoints import (SAMPLING, TARGET, exact_marginals, make_dflash, reference_logits, sampled_counts_fit,
+                                target_and_drafters)
+from test_speculative import assert_starts_afresh, fits
 
 
 def engine(target, drafter=None, greedy: bool = True, **kw):
@@ -36,15 +36,7 @@ def engine(target, drafter=None, greedy: bool = True, **kw):
 
 @pytest.fixture(scope="module")
 def case(checkpoint_factory, tmp_path_factory):
-    """The target, its plain greedy tokens, and drafters: ``random`` (drafts rejected), ``one``
-    (quiet layers: every draft is its mask token, the target's most frequent greedy token)."""
-    target = checkpoint_factory(**TARGET)
-    plain = engine(target).generate(repetitive_prompt(), max_new_tokens=80)
-    common = collections.Counter(plain.token_ids).most_common(1)[0][0]
-    folder = tmp_path_factory.mktemp("dflash")
-    drafters = {"random": make_dflash(folder / "random", max_positions=1024),
-                "one": make_dflash(folder / "one", mask=common, quiet=1e-3, max_positions=1024)}
-    return target, plain, drafters
+    return target_and_drafters(checkpoint_factory, tmp_path_factory.mktemp("dflash"), 80)
 
 
 # -- the drafter's forward -----------------------------------------------------------------------------
@@ -138,17 +130,7 @@ def test_greedy_dflash_speculation_returns_the_greedy_tokens(case, which, spec_k
     else:
         assert rate < 0.05, s
     _check_state(e, repetitive_prompt() + out.token_ids)
-    again = e.generate(repetitive_prompt(), max_new_tokens=80)  # a second generation starts afresh
-    assert again.token_ids == plain.token_ids
-    assert (again.stats.steps, again.stats.accepted_tokens) == (s.steps, s.accepted_tokens)
-
-
-def test_length_stops(case):
-    target, plain, drafters = case
-    for which in ("random", "one"):
-        e = engine(target, drafters[which], spec_k=7)
-        for n in (1, 2, 9, 33):
-            assert e.generate(repetitive_prompt(), max_new_tokens=n).token_ids == plain.token_ids[:n]
+    assert_starts_afresh(e, plain, s, shorter=spec_k == 7)
 
 
 @pytest.mark.parametrize("spec_k", [3, 7])
@@ -181,9 +163,7 @@ def test_sampled_drafts_with_a_greedy_target_keep_the_greedy_tokens(case):
 
 # -- the output distribution under sampling ----------------------------------------------------------
 
-TOP_K = 3
-N = 1500
-# N generations each, whose cost is mostly the target's layers: the odd target with 4 layers instead
+# SEEDS generations each, whose cost is mostly the target's layers: the odd target with 4 layers instead
 # of 7 (the drafter reads layers 1, 2, 3).
 SAMPLED_TARGET = {**TARGET, "layers": 4}
 
@@ -194,7 +174,7 @@ def sampled_case(checkpoint_factory, tmp_path_factory):
     and a drafter whose drafts are the target's likeliest first token."""
     target = checkpoint_factory(**SAMPLED_TARGET)
     prompt = repetitive_prompt()[:8]
-    p = exact_marginals(engine(target, temperature=1.0, top_k=TOP_K), prompt, 3)
+    p = exact_marginals(engine(target, **SAMPLING), prompt, 3)
     likeliest = int(p[0].argmax())
     drafter = make_dflash(tmp_path_factory.mktemp("dflash") / "likeliest", mask=likeliest, quiet=1e-3,
                           max_positions=1024, num_target_layers=4, target_layer_ids=(1, 2, 3))
@@ -204,18 +184,12 @@ def sampled_case(checkpoint_factory, tmp_path_factory):
 @pytest.mark.parametrize("greedy_drafts", [True, False])
 def test_sampled_dflash_speculation_keeps_the_target_distribution(sampled_case, greedy_drafts):
     """Tokens 2 and 3 (the first speculative step, k = 2: accepted drafts, corrections, bonus
-    tokens) over N seeds against their exact marginals under the target. The drafter proposes the
+    tokens) over SEEDS seeds against their exact marginals under the target. The drafter proposes the
     target's likeliest first token (about a third accepted); the test rejects a distribution 15 %
     biased toward it, so it has power."""
     target, prompt, p, likeliest, drafter = sampled_case
-    sampling = dict(temperature=1.0, top_k=TOP_K)
-    e = engine(target, drafter, greedy=greedy_drafts, spec_k=2, **sampling)
-    runs = [e.generate(prompt, max_new_tokens=3, sampling=SamplingParams(**sampling, seed=s)) for s in range(N)]
-    drafted = sum(r.stats.drafted_tokens for r in runs)
-    assert 0.25 < sum(r.stats.accepted_tokens for r in runs) / drafted < 0.95  # both paths taken
-    for i in (1, 2):
-        counts = torch.bincount(torch.tensor([r.token_ids[i] for r in runs]), minlength=p[i].numel())
-        assert fits(counts, p[i]), (i, chi2_pvalue(counts, p[i]))
+    e = engine(target, drafter, greedy=greedy_drafts, spec_k=2, **SAMPLING)
+    for i, counts in sampled_counts_fit(e, prompt, p, accepted=(0.25, 0.95)).items():
         biased = 0.85 * p[i] + 0.15 * torch.nn.functional.one_hot(torch.tensor(likeliest), p[i].numel()).double()
         assert not fits(counts, biased)
 

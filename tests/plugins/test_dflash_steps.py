@@ -28,7 +28,8 @@ from conftest import DEVICE, ROOT, reference_engine, repetitive_prompt
 from tileinfer.plugins.dflash_steps import DFlashSteps
 
 from device_loop import guard_steps, poison_unread_positions, rebuild, rerun_capture
-from dflash_checkpoints import TARGET, make_dflash
+from dflash_checkpoints import TARGET, make_dflash, target_and_drafters
+from test_speculative import assert_length_stops
 
 
 def engine(target, drafter, spec_k: int, **kw):
@@ -94,13 +95,7 @@ def same_drafts(sequential, device) -> None:
 
 @pytest.fixture(scope="module")
 def case(checkpoint_factory, tmp_path_factory):
-    target = checkpoint_factory(**TARGET)
-    plain = reference_engine(target).generate(repetitive_prompt(), max_new_tokens=60)
-    common = collections.Counter(plain.token_ids).most_common(1)[0][0]
-    folder = tmp_path_factory.mktemp("dflash_steps")
-    drafters = {"random": make_dflash(folder / "random", max_positions=1024),
-                "one": make_dflash(folder / "one", mask=common, quiet=1e-3, max_positions=1024)}
-    return target, plain, drafters
+    return target_and_drafters(checkpoint_factory, tmp_path_factory.mktemp("dflash_steps"), 60)
 
 
 # -- steps replayed from graphs (the stand-in capture) -------------------------------------------------
@@ -235,8 +230,7 @@ def test_the_device_loop_stops_at_length_and_eos(case, checkpoint_factory):
     for which in ("random", "one"):
         e = engine(target, drafters[which], 7)
         device_loop(e)
-        for n in (1, 2, 9, 33):
-            assert e.generate(repetitive_prompt(), max_new_tokens=n).token_ids == plain.token_ids[:n]
+        assert_length_stops(plain, e)
     common = collections.Counter(plain.token_ids).most_common(1)[0][0]
     index = plain.token_ids.index(common)
     with_eos = checkpoint_factory(**TARGET, eos=common)

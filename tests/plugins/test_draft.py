@@ -14,16 +14,14 @@ import json
 import shutil
 
 import pytest
-import torch
 
 import tileinfer
 from conftest import ROOT, reference_engine, repetitive_prompt
 from tileinfer.cli import main
 from tileinfer.errors import ConfigError
-from tileinfer.interfaces import SamplingParams
 
-from dflash_checkpoints import exact_marginals
-from test_speculative import chi2_pvalue, fits
+from dflash_checkpoints import SAMPLING, SEEDS, exact_marginals, sampled_counts_fit
+from test_speculative import assert_starts_afresh, eos_for, fits
 
 
 def engine(folder, draft=None, **kw):
@@ -67,9 +65,7 @@ def test_greedy_draft_speculation_returns_the_greedy_tokens(case, which, spec_k)
     else:
         assert rate < 0.1, s
     _check_draft_cache(e, out)
-    again = e.generate(repetitive_prompt(), max_new_tokens=80)  # a second generation starts afresh
-    assert again.token_ids == plain.token_ids
-    assert (again.stats.steps, again.stats.accepted_tokens) == (s.steps, s.accepted_tokens)
+    assert_starts_afresh(e, plain, s, shorter=spec_k == 7)
 
 
 @pytest.mark.parametrize("spec_k", [1, 3, 7])
@@ -82,25 +78,10 @@ def test_the_target_as_its_own_draft_commits_k_plus_one_tokens_a_step(case, spec
     assert out.stats.steps == steps and out.stats.tokens_per_step == spec_k + 1
 
 
-def test_length_stops(case):
-    target, plain, drafts = case
-    for which in ("near", "self"):
-        e = engine(target, drafts[which], spec_k=7)
-        for n in (1, 2, 9, 33):
-            assert e.generate(repetitive_prompt(), max_new_tokens=n).token_ids == plain.token_ids[:n]
-
-
-def _eos_for(tokens: list[int], at_least: int) -> tuple[int, int]:
-    for i, t in enumerate(tokens):
-        if i >= at_least and t not in tokens[:i]:
-            return t, i
-    raise AssertionError(f"no new token after index {at_least} in {tokens}")
-
-
 @pytest.mark.parametrize("spec_k", [3, 7])
 def test_eos_stops(case, checkpoint_factory, spec_k):
     target, plain, drafts = case
-    eos, index = _eos_for(plain.token_ids, 12)
+    eos, index = eos_for(plain.token_ids, 12)
     with_eos = checkpoint_factory(tokenizer=False, eos=eos)  # same weights, an EOS set
     for draft in (drafts["near"], with_eos):  # the latter: the EOS inside an accepted draft
         out = engine(with_eos, draft, spec_k=spec_k).generate(repetitive_prompt(), max_new_tokens=80)
@@ -126,27 +107,20 @@ def test_sampled_drafts_of_the_target_itself_are_all_accepted(case):
 
 # -- the output distribution with sampled drafts --------------------------------------------------------
 
-TOP_K = 3
-N = 1500
 
 
 def test_sampled_draft_speculation_keeps_the_target_distribution(case):
     """Tokens 2 and 3 (the first speculative step, k = 2: accepted drafts, corrections, bonus
-    tokens) over N seeds against their exact marginals under the target; the same test rejects
+    tokens) over SEEDS seeds against their exact marginals under the target; the same test rejects
     the draft's own marginals, so it has power."""
     target, _, drafts = case
     prompt = repetitive_prompt()[:8]
-    sampling = dict(temperature=1.0, top_k=TOP_K)
-    p = exact_marginals(engine(target, **sampling), prompt, 3)
-    q = exact_marginals(engine(drafts["near"], **sampling), prompt, 3)
-    e = engine(target, drafts["near"], spec_k=2, draft_options={"greedy": False}, **sampling)
-    runs = [e.generate(prompt, max_new_tokens=3, sampling=SamplingParams(**sampling, seed=s)) for s in range(N)]
-    drafted = sum(r.stats.drafted_tokens for r in runs)
-    assert 0.3 < sum(r.stats.accepted_tokens for r in runs) / drafted < 0.95  # both paths taken
+    p = exact_marginals(engine(target, **SAMPLING), prompt, 3)
+    q = exact_marginals(engine(drafts["near"], **SAMPLING), prompt, 3)
+    e = engine(target, drafts["near"], spec_k=2, draft_options={"greedy": False}, **SAMPLING)
+    sampled_counts_fit(e, prompt, p, accepted=(0.3, 0.95))
     for i in (1, 2):
-        counts = torch.bincount(torch.tensor([r.token_ids[i] for r in runs]), minlength=p[i].numel())
-        assert fits(counts, p[i]), (i, chi2_pvalue(counts, p[i]))
-        assert not fits((N * q[i]).round(), p[i])  # the draft's distribution would fail
+        assert not fits((SEEDS * q[i]).round(), p[i])  # the draft's distribution would fail
 
 
 # -- the shipped pair --------------------------------------------------------------------------------
