@@ -37,7 +37,6 @@ positions, as in sequential decoding.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import torch
 
@@ -45,44 +44,27 @@ import tileinfer
 from tileinfer import hookimpl
 from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import Implementation
-from tileinfer.interfaces import DeviceSequence, Draft, Proposer, ProposerContext, RunSpec
-from tileinfer.options import Option
+from tileinfer.interfaces import DeviceSequence, Draft, ProposerContext
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
-from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
+from tileinfer.plugins.proposer_folders import CheckpointProposer, ProposerCheckpoint
 from tileinfer.steps import MAX_GRAPH_TOKENS, build_forward, cuda_graph_capture
 
 
-def dflash_folder(model: str, config) -> Path:
-    """The drafter folder: ``model``, or the shipped drafter when ``model`` is empty and the target
-    is the shipped model; a one-line ConfigError otherwise."""
-    return proposer_folder(model, config, proposer="dflash", noun="DFlash drafter",
-                           needs="a z-lab DFlash drafter of the target",
-                           missing="the shipped drafter models/dflash is not installed "
-                                   "(models/train_dflash.py makes it)")
-
-
-class DFlashProposer(Proposer):
+class DFlashProposer(CheckpointProposer):
     """Drafts up to B - 1 tokens a step with one non-causal pass of a DFlash drafter (see the module)."""
 
-    declared_options = (
-        Option("model", str, "", "DFlash drafter folder in z-lab's format, trained for the target (empty: the "
-               "shipped models/dflash, when the target is the shipped model)"),
-        Option("greedy", bool, True, "propose the argmax of each block position; false: sample each position "
-               "with the target's sampling settings (verified by the p/q rule)"),
-    )
-
-    @classmethod
-    def incompatibilities(cls, run: RunSpec) -> list[str]:
-        """What can be checked without the target: the drafter folder, when named, holds a DFlash config."""
-        return folder_problems(run.options["model"], proposer="dflash", noun="DFlash drafter",
-                               read=DFlashConfig.from_folder)
+    checkpoint = ProposerCheckpoint("dflash", "DFlash drafter", "a drafter in z-lab's format trained for the target",
+                                    missing="the shipped drafter models/dflash is not installed "
+                                            "(models/train_dflash.py makes it)",
+                                    read=DFlashConfig.from_folder)
+    declared_options = checkpoint.options(greedy="propose the argmax of each block position; false: sample each "
+                                          "position with the target's sampling settings (verified by the p/q rule)")
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
         from tileinfer.plugins.dflash_model import DFlashDrafter
 
-        config, target = context.config, context.target
-        self.folder = folder = dflash_folder(self.options["model"], config)
+        config, target, folder = context.config, context.target, self.folder
         dc = DFlashConfig.from_folder(folder)
         dc.check_target(target.config, folder)
         self.block_size = block = dc.block_size

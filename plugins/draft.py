@@ -31,26 +31,15 @@ whole generation when the loop starts; the drafts the target rejects lie past th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 import tileinfer
 from tileinfer import hookimpl
 from tileinfer.errors import ConfigError, TileinferError
 from tileinfer.hookspecs import Implementation
-from tileinfer.interfaces import DeviceSequence, Draft, Proposer, ProposerContext, RunSpec, Step
-from tileinfer.options import Option
-from tileinfer.plugins.proposer_folders import folder_problems, proposer_folder
+from tileinfer.interfaces import DeviceSequence, Draft, ProposerContext, Step
+from tileinfer.plugins.proposer_folders import CheckpointProposer, ProposerCheckpoint
 from tileinfer.steps import MAX_GRAPH_TOKENS, StepRunner, build_forward, cuda_graph_capture
-
-
-def draft_folder(model: str, config) -> Path:
-    """The draft checkpoint folder: ``model``, or the shipped draft when ``model`` is empty and the
-    target is the shipped model; a one-line ConfigError otherwise."""
-    return proposer_folder(model, config, proposer="draft", noun="draft model",
-                           needs="a Qwen3 checkpoint folder with the target's vocabulary",
-                           missing="the shipped draft models/draft is not installed")
 
 
 def _same_tokenizer(draft: "tileinfer.Checkpoint", target: "tileinfer.Checkpoint") -> bool:
@@ -64,27 +53,19 @@ def _same_tokenizer(draft: "tileinfer.Checkpoint", target: "tileinfer.Checkpoint
     return mine is None or theirs is None or mine.vocab() == theirs.vocab()
 
 
-class DraftModelProposer(Proposer):
+class DraftModelProposer(CheckpointProposer):
     """Drafts with a separate, smaller Qwen3 model that has its own KV cache (see the module)."""
 
-    declared_options = (
-        Option("model", str, "", "draft checkpoint folder, a Qwen3 with the target's vocabulary (empty: the "
-               "shipped models/draft, when the target is the shipped model)"),
-        Option("greedy", bool, True, "draft the argmax; false: sample from the draft's distribution with the "
-               "target's sampling settings (verified by the p/q rule)"),
-    )
-
-    @classmethod
-    def incompatibilities(cls, run: RunSpec) -> list[str]:
-        """What can be checked without the target: the draft folder, when named, is a Qwen3 checkpoint."""
-        return folder_problems(run.options["model"], proposer="draft", noun="draft model",
-                               read=tileinfer.read_checkpoint)
+    checkpoint = ProposerCheckpoint("draft", "draft model", "a Qwen3 checkpoint with the target's vocabulary",
+                                    missing="the shipped draft models/draft is not installed",
+                                    read=tileinfer.read_checkpoint)
+    declared_options = checkpoint.options(greedy="draft the argmax; false: sample from the draft's distribution "
+                                          "with the target's sampling settings (verified by the p/q rule)")
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
         config, target = context.config, context.target
-        self.folder = folder = draft_folder(self.options["model"], config)
-        checkpoint = tileinfer.read_checkpoint(folder)
+        checkpoint = tileinfer.read_checkpoint(self.folder)
         mc = checkpoint.config
         self._check_matches_target(checkpoint)
         # The draft caches what the target does (prompt, committed tokens, drafts), up to its own context.
@@ -93,7 +74,7 @@ class DraftModelProposer(Proposer):
         self.capacity = min(-(-target_positions // page) * page, mc.max_positions)
         if config.spec_k + 1 > self.capacity:
             raise ConfigError(f"spec_k={config.spec_k} needs {config.spec_k + 1} positions of the draft's context, "
-                              f"but {folder} holds {self.capacity} (max_position_embeddings {mc.max_positions}): "
+                              f"but {self.folder} holds {self.capacity} (max_position_embeddings {mc.max_positions}): "
                               f"lower spec_k")
         if self.capacity < target_positions:
             from tileinfer.notices import notice
