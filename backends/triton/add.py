@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton import FLOAT_DTYPES
-from tileinfer.backends.triton.device_functions import add_round
+from tileinfer.backends.triton.device_functions import add_round, launch_dependents_then_wait
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 ADD_BLOCK = 1024  # elements per program
@@ -23,9 +22,7 @@ ADD_BLOCK = 1024  # elements per program
 
 @triton.jit
 def _add_kernel(x_ptr, r_ptr, out_ptr, n_elements, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_elements
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)

@@ -1,6 +1,9 @@
 """The ``@triton.jit`` device functions that more than one kernel file calls, so that every kernel
 doing the same arithmetic does it with the same code, hence rounds alike.
 
+- Programmatic dependent launch at the start of a kernel that reads nothing before its wait:
+  :func:`launch_dependents_then_wait` (add.py, kv_write.py, rope.py, silu_mul.py, the split-K
+  reduce of linear_gemv.py, the paged attention kernels).
 - RMSNorm of vectors loaded as two halves (channels ``0..N/2`` and ``N/2..N``, ``[BLOCK_H,
   BLOCK_HALF]`` float32 tiles, 0 where masked; the q/k kernels of attention_inputs.py rotate those
   halves for RoPE without a shuffle): :func:`load_row_halves`, :func:`load_weight_halves`,
@@ -30,6 +33,19 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+# -- programmatic dependent launch -------------------------------------------------------------------
+
+
+@triton.jit
+def launch_dependents_then_wait(PDL: tl.constexpr):
+    """With ``PDL``: let the next kernel launch, then wait for the kernel before (pdl.py), first
+    thing in a kernel that reads nothing before the wait; nothing without."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
 
 # -- RMSNorm ---------------------------------------------------------------------------------------
 

@@ -21,10 +21,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton import FLOAT_DTYPES
-from tileinfer.backends.triton.device_functions import int8_scale, page_slot, quantize_int8
+from tileinfer.backends.triton.device_functions import int8_scale, launch_dependents_then_wait, page_slot, quantize_int8
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, check_int8_pages
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
@@ -37,9 +36,7 @@ def _token_tile(bt_ptr, pos_ptr, stride_p_page, stride_p_h, stride_p_slot, HKV: 
     """The program's token and heads (after the grid dependency wait with PDL): ``(t, heads, offs,
     mask, page, slot, dst)``, with ``dst`` the element offsets of its ``[BLOCK_H, BLOCK_D]`` tile
     in the pages."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs = tl.arange(0, BLOCK_D)

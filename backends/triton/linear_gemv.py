@@ -48,7 +48,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.device_functions import add_residual, dot_chunk, int8_to, round_to, silu_mul_f32
+from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, int8_to, launch_dependents_then_wait,
+                                                        round_to, silu_mul_f32)
 from tileinfer.backends.triton.linear_tiles import GemvConfig
 from tileinfer.backends.triton.pdl import launch_options
 
@@ -251,9 +252,7 @@ def _splitk_reduce_kernel(
     SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, SWIGLU: tl.constexpr, PDL: tl.constexpr,
     RESIDUAL: tl.constexpr,
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N

@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tileinfer.backends.triton.device_functions import launch_dependents_then_wait
 from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
@@ -54,9 +54,7 @@ def _paged_decode_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -115,9 +113,7 @@ def _paged_decode_combine_kernel(
     part_ptr, max_ptr, sum_ptr, out_ptr, stride_ot, stride_oh, num_splits,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     pid = tl.program_id(0)  # = token * NUM_HEADS + head
     tok = pid // NUM_HEADS
     head = pid % NUM_HEADS

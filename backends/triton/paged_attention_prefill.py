@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tileinfer.backends.triton.device_functions import launch_dependents_then_wait
 from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
@@ -50,9 +50,7 @@ def _paged_prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     start = tl.load(pos_ptr).to(tl.int32)  # read on the device: a replayed CUDA graph sees the new value
     kv_head = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # longest blocks first

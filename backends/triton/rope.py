@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton import FLOAT_DTYPES
-from tileinfer.backends.triton.device_functions import rope_rotate
+from tileinfer.backends.triton.device_functions import launch_dependents_then_wait, rope_rotate
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 MAX_BLOCK_H = 16
@@ -33,9 +32,7 @@ def _rope_kernel(
     HEADS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H))[:, None]
     offs = tl.arange(0, BLOCK_HALF)[None, :]

@@ -18,9 +18,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from tileinfer.backends.triton.device_functions import silu_mul_f32
+from tileinfer.backends.triton.device_functions import launch_dependents_then_wait, silu_mul_f32
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
 
 BLOCK_I = 1024
@@ -32,9 +31,7 @@ def _silu_mul_kernel(
     gu_ptr, y_ptr, I, stride_gu_t, stride_y_t,
     BLOCK_I: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    launch_dependents_then_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     mask = offs < I
