@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from tileinfer.backends.triton.device_functions import launch_dependents_then_wait
-from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, attend_tiles_int8, load_q_rows, smooth_q
+from tileinfer.backends.triton.paged_attention_tiles import attend_kv_head, load_q_rows, smooth_q
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
 
@@ -76,27 +76,10 @@ def _paged_decode_kernel(
     hi = tl.minimum(lo + chunk, length)
     full_end = lo + (tl.maximum(tl.minimum(hi, seen_by_all) - lo, 0) // BLOCK_N) * BLOCK_N  # keys all rows see
 
-    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if KV_INT8:
-        ks_base = ks_ptr + kv_head.to(tl.int64) * stride_sh
-        vs_base = vs_ptr + kv_head.to(tl.int64) * stride_sh
-        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
-                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, qk_scale,
-                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
-        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
-                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, full_end, hi, qk_scale,
-                                          offs_d, True, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
-    else:
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
-                                     stride_vp, stride_vs, qpos, lo, full_end, qk_scale, offs_d,
-                                     False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
-                                     stride_vp, stride_vs, qpos, full_end, hi, qk_scale, offs_d,
-                                     True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh, stride_sh,
+                                   stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, hi,
+                                   qk_scale, offs_d, BLOCK_M, HEAD_DIM, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST,
+                                   DOT_PRECISION)
     if SINGLE_SPLIT:
         out = acc / l_i[:, None]
         tl.store(out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],

@@ -3,7 +3,8 @@ paged_attention_prefill.py), so that both compute a query row's attention with t
 query rows of a kv head (:func:`load_q_rows`), the online softmax over BLOCK_N-key tiles of the
 paged cache (:func:`attend_tiles`), and the same over int8 pages with one float32 scale per cached
 vector (``LayerKV``'s int8 layout): the query scaled by the key smoothing (:func:`smooth_q`) and the
-tile loop (:func:`attend_tiles_int8`).
+tile loop (:func:`attend_tiles_int8`); both ranges of a kv head's keys, the ones every row sees
+and the masked rest (:func:`attend_kv_head`).
 
 Every function returns once, at its end: the compiler would also build the code after a return
 inside a constexpr branch.
@@ -192,4 +193,38 @@ def attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr
                                                  stride_vs, stride_sp, BLOCK_N, PAGE_SIZE)
         acc, l_i, m_i = _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, hi, qk_scale,
                                            MASKED, DOT_PRECISION)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh, stride_sh,
+                   stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d,
+                   BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                   KV_INT8: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The online softmax of the query rows ``q`` (``[BLOCK_M, HEAD_DIM]``) over keys ``[lo, hi)``
+    of kv head ``kv_head``, from the empty state: keys ``[lo, full_end)``, which every row sees,
+    unmasked, then ``[full_end, hi)`` masked by ``qpos`` (:func:`attend_tiles`, or
+    :func:`attend_tiles_int8` with KV_INT8, the scales at ``ks_ptr``, ``vs_ptr``). Returns the
+    float32 ``(acc [BLOCK_M, HEAD_DIM], l_i [BLOCK_M], m_i [BLOCK_M])``."""
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if KV_INT8:
+        ks_base = ks_ptr + kv_head.to(tl.int64) * stride_sh
+        vs_base = vs_ptr + kv_head.to(tl.int64) * stride_sh
+        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, qk_scale,
+                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
+        acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                          stride_ks, stride_vp, stride_vs, stride_sp, qpos, full_end, hi, qk_scale,
+                                          offs_d, True, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
+    else:
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                     stride_vp, stride_vs, qpos, lo, full_end, qk_scale, offs_d,
+                                     False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
+                                     stride_vp, stride_vs, qpos, full_end, hi, qk_scale, offs_d,
+                                     True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
     return acc, l_i, m_i
