@@ -31,51 +31,53 @@ def test_missing_folder():
         engine_for(Path("/no/where"))
 
 
-def test_missing_config_json(copy_of):
+def _delete(name: str):
+    def edit(folder: Path) -> None:
+        (folder / name).unlink()
+    return edit
+
+
+def _set_config(**keys):
+    def edit(folder: Path) -> None:
+        _edit_json(folder / "config.json", lambda raw: raw.update(keys))
+    return edit
+
+
+def _write_weights(cut):
+    """Replace model.safetensors' bytes by ``cut(bytes)``."""
+    def edit(folder: Path) -> None:
+        path = folder / "model.safetensors"
+        path.write_bytes(cut(path.read_bytes()))
+    return edit
+
+
+def _edit_json(path: Path, edit) -> None:
+    raw = json.loads(path.read_text())
+    edit(raw)
+    path.write_text(json.dumps(raw))
+
+
+# How a copy of the tiny checkpoint is broken, and the one CheckpointError line loading it raises.
+BROKEN = {
+    "missing config.json": (_delete("config.json"), r"config\.json: missing"),
+    "unsupported architecture": (_set_config(model_type="llama", architectures=["LlamaForCausalLM"]),
+                                 "unsupported architecture.*LlamaForCausalLM"),
+    "corrupt safetensors": (_write_weights(lambda data: b"\x00garbage" * 10),
+                            r"model\.safetensors: cannot read safetensors"),
+    "truncated safetensors": (_write_weights(lambda data: data[: len(data) // 2]), r"model\.safetensors"),
+    "no weights": (_delete("model.safetensors"), r"no model\.safetensors or model\.safetensors\.index\.json"),
+    "a shape that does not match the config": (_set_config(intermediate_size=136),  # 128 in the checkpoint
+                                               r"model\.safetensors: tensor model\.layers\.0\.mlp\.gate_proj\.weight "
+                                               r"has shape \(128, 64\), config\.json implies \(136, 64\)"),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_a_broken_checkpoint_is_one_checkpoint_error(copy_of, broken):
+    edit, message = BROKEN[broken]
     folder = copy_of()
-    (folder / "config.json").unlink()
-    with pytest.raises(CheckpointError, match=r"config\.json: missing"):
-        engine_for(folder)
-
-
-def test_unsupported_architecture(copy_of):
-    folder = copy_of()
-    raw = json.loads((folder / "config.json").read_text())
-    raw.update(model_type="llama", architectures=["LlamaForCausalLM"])
-    (folder / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(CheckpointError, match="unsupported architecture.*LlamaForCausalLM"):
-        engine_for(folder)
-
-
-def test_corrupt_safetensors(copy_of):
-    folder = copy_of()
-    (folder / "model.safetensors").write_bytes(b"\x00garbage" * 10)
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: cannot read safetensors"):
-        engine_for(folder)
-
-
-def test_truncated_safetensors(copy_of):
-    folder = copy_of()
-    data = (folder / "model.safetensors").read_bytes()
-    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
-        engine_for(folder)
-
-
-def test_no_weights(copy_of):
-    folder = copy_of()
-    (folder / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"no model\.safetensors or model\.safetensors\.index\.json"):
-        engine_for(folder)
-
-
-def test_shape_that_does_not_match_config(copy_of):
-    folder = copy_of()
-    raw = json.loads((folder / "config.json").read_text())
-    raw["intermediate_size"] += 8
-    (folder / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: tensor model\.layers\.0\.mlp\.gate_proj\.weight "
-                                               r"has shape \(128, 64\), config\.json implies \(136, 64\)"):
+    edit(folder)
+    with pytest.raises(CheckpointError, match=message):
         engine_for(folder)
 
 
@@ -83,9 +85,7 @@ def test_missing_tensor_and_missing_shard(tmp_path, checkpoint_factory):
     sharded = checkpoint_factory(shard=True)
     folder = tmp_path / "a"
     shutil.copytree(sharded, folder)
-    index = json.loads((folder / "model.safetensors.index.json").read_text())
-    del index["weight_map"]["model.norm.weight"]
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    _edit_json(folder / "model.safetensors.index.json", lambda index: index["weight_map"].pop("model.norm.weight"))
     with pytest.raises(CheckpointError, match=r"tensor model\.norm\.weight is missing"):
         engine_for(folder)
     folder = tmp_path / "b"
@@ -165,9 +165,7 @@ def test_chat_without_a_template(copy_of):
     folder = copy_of()
     for name in ("chat_template.jinja",):
         (folder / name).unlink(missing_ok=True)
-    raw = json.loads((folder / "tokenizer_config.json").read_text())
-    raw.pop("chat_template", None)
-    (folder / "tokenizer_config.json").write_text(json.dumps(raw))
+    _edit_json(folder / "tokenizer_config.json", lambda raw: raw.pop("chat_template", None))
     with pytest.raises(UsageError, match="no chat template"):
         engine_for(folder).generate("hi", chat=True)
 
