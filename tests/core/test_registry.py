@@ -34,28 +34,33 @@ def test_unknown_name_lists_the_valid_ones():
         registry.get("kv_store", "fp8")
 
 
-class _Twin:
-    """A plugin object that registers a sampler named like the built-in one."""
+class _Plugin:
+    """A plugin object whose hook returns ``result``."""
+
+    def __init__(self, result) -> None:
+        self.result = result
 
     @tileinfer.hookimpl
     def tileinfer_implementations(self):
-        return [tileinfer.Implementation("sampler", "reference", "tileinfer.plugins.reference.sampler:ReferenceSampler")]
+        return self.result
+
+
+def _manager(**plugins):
+    """The built-in plugins and ``plugins``, each registered under its keyword; no entry points."""
+    pm = plugin_manager(entry_points=False)
+    for name, plugin in plugins.items():
+        pm.register(plugin, name=name)
+    return pm
 
 
 def test_two_plugins_registering_one_name_is_an_error_naming_both():
-    pm = plugin_manager(entry_points=False)
-    pm.register(_Twin(), name="my_twin_plugin")
+    twin = _Plugin([tileinfer.Implementation("sampler", "reference",  # named like the built-in one
+                                             "tileinfer.plugins.reference.sampler:ReferenceSampler")])
     with pytest.raises(PluginError) as err:
-        build_registry(pm)
+        build_registry(_manager(my_twin_plugin=twin))
     message = str(err.value)
     assert "sampler implementation 'reference' is registered twice" in message
     assert "tileinfer.plugins.reference" in message and "my_twin_plugin" in message
-
-
-class _NotAList:
-    @tileinfer.hookimpl
-    def tileinfer_implementations(self):
-        return tileinfer.Implementation("sampler", "lonely", "x:Y")
 
 
 class _Raises:
@@ -65,10 +70,8 @@ class _Raises:
 
 
 def test_a_plugin_whose_hook_fails_is_named_and_the_others_still_load():
-    pm = plugin_manager(entry_points=False)
-    pm.register(_NotAList(), name="not_a_list_plugin")
-    pm.register(_Raises(), name="raising_plugin")
-    registry = build_registry(pm)
+    not_a_list = _Plugin(tileinfer.Implementation("sampler", "lonely", "x:Y"))
+    registry = build_registry(_manager(not_a_list_plugin=not_a_list, raising_plugin=_Raises()))
     assert registry.names("sampler") == ["reference"] and registry.names("linear") == ["reference", "triton"]
     assert len(registry.failures) == 2
     assert any("plugin not_a_list_plugin" in f and "returned Implementation, not a list" in f for f in registry.failures)
@@ -93,17 +96,10 @@ def test_the_forward_pass_is_a_kind_like_the_others(tiny_checkpoint):
     with pytest.raises(ConfigError, match="forward=persistent: no plugin registered that name"):
         tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", forward="persistent",
                                      progress=False)
-    pm = plugin_manager(entry_points=False)
-    pm.register(_NotAForward(), name="not_a_forward_plugin")
+    disguised = _Plugin([tileinfer.Implementation("forward", "sampler_in_disguise",
+                                                  "tileinfer.plugins.reference.sampler:ReferenceSampler")])
     with pytest.raises(PluginError, match="forward=sampler_in_disguise .* not a subclass of ForwardPass"):
-        build_registry(pm).get("forward", "sampler_in_disguise")
-
-
-class _NotAForward:
-    @tileinfer.hookimpl
-    def tileinfer_implementations(self):
-        return [tileinfer.Implementation("forward", "sampler_in_disguise",
-                                         "tileinfer.plugins.reference.sampler:ReferenceSampler")]
+        build_registry(_manager(not_a_forward_plugin=disguised)).get("forward", "sampler_in_disguise")
 
 
 def test_auto_and_none_are_not_implementation_names():
@@ -112,16 +108,9 @@ def test_auto_and_none_are_not_implementation_names():
             tileinfer.Implementation("linear", name, "x:Y")
 
 
-class _Broken:
-    @tileinfer.hookimpl
-    def tileinfer_implementations(self):
-        return [tileinfer.Implementation("linear", "broken", "no_such_module_anywhere:Linear")]
-
-
 def test_an_implementation_that_cannot_be_imported_is_reported_when_selected():
-    pm = plugin_manager(entry_points=False)
-    pm.register(_Broken(), name="broken_plugin")
-    registry = build_registry(pm)
+    broken = _Plugin([tileinfer.Implementation("linear", "broken", "no_such_module_anywhere:Linear")])
+    registry = build_registry(_manager(broken_plugin=broken))
     assert "broken" in registry.names("linear")  # listing does not import it
     with pytest.raises(PluginError, match="linear=broken \\(plugin broken_plugin \\(tileinfer \\(built in\\)\\)\\): cannot import"):
         registry.get("linear", "broken")
@@ -194,12 +183,6 @@ def test_the_readme_plugin_example_is_the_tested_package():
     assert _readme_block("toml", "# my_sampler/pyproject.toml\n") == "# my_sampler/pyproject.toml\n" + expected
 
 
-class _SampleLess:
-    @tileinfer.hookimpl
-    def tileinfer_implementations(self):
-        return [tileinfer.Implementation("sampler", "stub", _StubSampler)]
-
-
 class _StubSampler(Sampler):
     def probs(self, logits):
         ...
@@ -209,10 +192,10 @@ class _StubSampler(Sampler):
 
 
 def test_a_sampler_that_returns_no_sample_is_named_in_the_error(tiny_checkpoint):
-    pm = plugin_manager(entry_points=False)
-    pm.register(_SampleLess(), name="stub_plugin")
+    stub = _Plugin([tileinfer.Implementation("sampler", "stub", _StubSampler)])
+    registry = build_registry(_manager(stub_plugin=stub))
     engine = tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", sampler="stub",
-                                          registry=build_registry(pm), progress=False)
+                                          registry=registry, progress=False)
     with pytest.raises(PluginError, match="sampler=stub \\(plugin stub_plugin .*\\): sample\\(\\) returned None"):
         engine.generate([1, 2, 3], max_new_tokens=2)
 
