@@ -39,13 +39,23 @@ def integers(text: str) -> list[int]:
     return [int(t) for t in names(text)]
 
 
-def models(text: str) -> list[str]:
-    import argparse
+def name_list(valid: Iterable[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names out of ``valid`` (a ``what`` each); an unknown one is
+    a usage error."""
+    valid = list(valid)
 
-    unknown = [m for m in names(text) if m not in SHAPES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown model {unknown[0]!r}; valid: {', '.join(SHAPES)}")
-    return names(text)
+    def parse(text: str) -> list[str]:
+        import argparse
+
+        unknown = [n for n in names(text) if n not in valid]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown[0]!r}; valid: {', '.join(valid)}")
+        return names(text)
+
+    return parse
+
+
+models = name_list(SHAPES, "model")
 
 
 def common_arguments(p, tokens: list[int] | None, tokens_help: str) -> None:
@@ -274,7 +284,8 @@ def arguments(p) -> None:
     p.description, p.epilog = __doc__.split("\n\n")[0], __doc__.split("\n\n", 1)[1]
     sub = p.add_subparsers(dest="benchmark", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
     ops = sub.add_parser("ops", help="the small ops against their twins", description=__doc__.split("\n\n")[2])
-    ops.add_argument("--op", type=names, default=list(OPS), help=f"comma-separated (default {','.join(OPS)})")
+    ops.add_argument("--op", type=name_list(OPS, "op"), default=list(OPS),
+                     help=f"comma-separated (default {','.join(OPS)})")
     common_arguments(ops, [1, 16, 1024], "1,16,1024")
     paged_attention.arguments(sub.add_parser("paged_attention", help=paged_attention.__doc__.split("\n")[0]))
     linear.arguments(sub.add_parser("linear", help=linear.__doc__.split("\n")[0]))

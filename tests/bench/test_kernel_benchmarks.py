@@ -35,10 +35,16 @@ def test_every_small_op_of_the_triton_backend_is_a_case():
     assert set(kernels.OPS) == {"add", "rms_norm", "rope", "silu_mul", "kv_write", "attention_inputs"}
 
 
-def test_an_unknown_model_is_a_usage_error(capsys):
+@pytest.mark.parametrize("argv, message", [
+    (["ops", "--models", "Qwen3-5B"], "unknown model 'Qwen3-5B'; valid: "),
+    (["ops", "--op", "gelu"], "unknown op 'gelu'; valid: add, rms_norm"),
+    (["linear", "--formats", "fp8"], "unknown weight format 'fp8'; valid: bf16, int8"),
+    (["paged_attention", "--kv", "fp8"], "unknown page format 'fp8'; valid: bf16, int8"),
+])
+def test_an_unknown_name_is_a_usage_error(capsys, argv, message):
     with pytest.raises(SystemExit):
-        bench(["kernels", "ops", "--models", "Qwen3-5B"])
-    assert "unknown model 'Qwen3-5B'; valid: " in capsys.readouterr().err
+        bench(["kernels", *argv])
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.gpu
