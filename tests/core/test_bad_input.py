@@ -125,7 +125,7 @@ def test_bad_options_fail_before_loading(tiny_checkpoint, monkeypatch):
             engine_for(tiny_checkpoint, override)
     with pytest.raises(ConfigError, match="n_min \\(5\\) is larger than options.ngram.n_max \\(4\\)"):
         engine_for(tiny_checkpoint, "proposer=ngram", "options.ngram.n_min=5")
-    with pytest.raises(ConfigError, match="linear=triton cannot run here: options.triton.matmul=torch runs the norm"):
+    with pytest.raises(ConfigError, match="linear=triton cannot run here: options.triton.matmul=torch runs the SwiGLU and residual add as kernels"):
         engine_for(tiny_checkpoint, "linear=triton", "options.triton.matmul=torch")
 
 
