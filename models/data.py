@@ -21,6 +21,7 @@ teach the format, the EOS of a reply, and copying; they are ~5-10 % of the token
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -90,23 +91,24 @@ def open_example(text: str, rng: random.Random) -> str | None:
     return prompts.chatml(messages, add_generation_prompt=False)
 
 
-_worker_tok = None
-
-
-def _init_worker(tokenizer_file: str, in_pool: bool = True) -> None:
-    global _worker_tok
+def _quiet_tokenizer_threads() -> None:
+    """A pool worker's initializer: one process per core instead of the tokenizer's own threads."""
     import os
 
-    if in_pool:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core instead
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer(tokenizer_file: str):
+    """The tokenizer of ``tokenizer_file``, read once per process."""
     from tokenizers import Tokenizer
 
-    _worker_tok = Tokenizer.from_file(tokenizer_file)
+    return Tokenizer.from_file(tokenizer_file)
 
 
-def _encode_chunk(texts: list[str]) -> bytes:
+def _encode_chunk(tokenizer_file: str, texts: list[str]) -> bytes:
     ids: list[int] = []
-    for e in _worker_tok.encode_batch_fast(texts, add_special_tokens=False):
+    for e in _tokenizer(tokenizer_file).encode_batch_fast(texts, add_special_tokens=False):
         ids.extend(e.ids)
         ids.append(ENDOFTEXT)
     return np.asarray(ids, dtype=np.uint16).tobytes()
@@ -123,13 +125,13 @@ def encode_to(path: Path, texts: list[str], tokenizer_file: Path, *, workers: in
     chunks = [texts[i:i + chunk] for i in range(0, len(texts), chunk)]
     count = 0
     with path.open("wb") as f:
+        encode = functools.partial(_encode_chunk, str(tokenizer_file))
         if workers == 1 or len(chunks) <= 1:
-            _init_worker(str(tokenizer_file), in_pool=False)
-            results = map(_encode_chunk, chunks)
+            results = map(encode, chunks)
             pool = None
         else:
-            pool = mp.get_context("fork").Pool(workers, _init_worker, (str(tokenizer_file),))
-            results = pool.imap(_encode_chunk, chunks)
+            pool = mp.get_context("fork").Pool(workers, _quiet_tokenizer_threads)
+            results = pool.imap(encode, chunks)
         try:
             for data in results:
                 f.write(data)
