@@ -16,6 +16,7 @@ float32 (it computes bf16 dots and elementwise ops wrongly).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -27,6 +28,11 @@ from tileinfer.backends.triton.linear_gemm_persistent import launch_gemm_persist
 from tileinfer.backends.triton.linear_gemv import launch_gemv
 from tileinfer.backends.triton.linear_tiles import GemmConfig, GemvConfig, counters_needed, gemm_config, gemv_config
 from tileinfer.backends.triton.pdl import use_pdl
+
+# The interpreter runs a grid's programs one after another, each paying a fixed cost per device
+# function call: the GEMV's rows per program there (the GPU rule's 4 to 64 rows would give a test
+# model's step hundreds of programs).
+INTERPRETER_BLOCK_N = 64
 
 
 def linear(
@@ -106,16 +112,19 @@ def linear(
 def rule_config(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, swiglu: bool = False,
                 out_dtype: torch.dtype | None = None) -> GemvConfig | GemmConfig:
     """The tiles :func:`linear` runs for these arguments without ``config``: ``gemv_config`` for T <=
-    16, else ``gemm_config`` (the persistent TMA kernel's tiles where the device has TMA and the
-    tensors allow descriptors, for 16-bit activations and launches without SwiGLU: its tiles and
-    stages were measured for bf16, and float32 ones do not fit in shared memory). A per-op chain
-    that must equal a fused SwiGLU call passes ``rule_config(x, w, scale, swiglu=True)`` to its
-    plain call."""
+    16 (at least ``INTERPRETER_BLOCK_N`` rows a program under the interpreter), else ``gemm_config``
+    (the persistent TMA kernel's tiles where the device has TMA and the tensors allow descriptors,
+    for 16-bit activations and launches without SwiGLU: its tiles and stages were measured for
+    bf16, and float32 ones do not fit in shared memory). A per-op chain that must equal a fused
+    SwiGLU call passes ``rule_config(x, w, scale, swiglu=True)`` to its plain call."""
     T, K = x.shape
     n_w = w.shape[0]
     int8 = scale is not None
     if T <= SMALL_STEP_MAX_TOKENS:
-        return gemv_config(n_w, K, T, sms_of(x.device), int8=int8)
+        cfg = gemv_config(n_w, K, T, sms_of(x.device), int8=int8)
+        if interpreted(x.device):  # its programs run one after another: fewer, wider ones
+            cfg = dataclasses.replace(cfg, block_n=max(cfg.block_n, INTERPRETER_BLOCK_N))
+        return cfg
     tma = x.element_size() == 2 and tma_supported(x.device) and tma_ok(x, w)
     return gemm_config(T, n_w, K, sms_of(x.device), int8=int8, swiglu=swiglu, tma=tma,
                        out_bytes=(out_dtype or x.dtype).itemsize)

@@ -4,6 +4,8 @@ TMA kernel where the device has TMA, for launches without SwiGLU), ``counters_ne
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -119,3 +121,14 @@ def test_the_persistent_gemm_takes_16_bit_activations_only(monkeypatch, dtype):
     N, K = QWEN3_LINEARS["4B.o_proj"]
     x, w = torch.zeros(1024, K, dtype=dtype), torch.zeros(N, K, dtype=dtype)
     assert rule_config(x, w).persistent == (dtype == torch.float16)
+
+
+@pytest.mark.parametrize("T", [1, 2, 16])
+def test_the_interpreter_runs_the_gemv_in_fewer_wider_programs(T):
+    """CPU tensors (the interpreter): the GPU rule's tiles with at least INTERPRETER_BLOCK_N rows a
+    program, its other choices (K tiles, split-K) kept."""
+    N, K = QWEN3_LINEARS["0.6B.o_proj"]
+    x, w = torch.zeros(T, K), torch.zeros(N, K)
+    gpu = gemv_config(N, K, T)
+    assert gpu.block_n < triton_linear.INTERPRETER_BLOCK_N
+    assert rule_config(x, w) == dataclasses.replace(gpu, block_n=triton_linear.INTERPRETER_BLOCK_N)
