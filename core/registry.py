@@ -103,7 +103,7 @@ def _interface(kind: str) -> type:
 
 BUILTIN_PLUGINS = ("tileinfer.plugins.reference", "tileinfer.plugins.paged_kv", "tileinfer.plugins.ngram",
                    "tileinfer.plugins.triton", "tileinfer.plugins.draft", "tileinfer.plugins.dflash",
-                   "tileinfer.plugins.per_op")
+                   "tileinfer.plugins.per_op", "tileinfer.plugins.persistent")
 
 
 def plugin_manager(entry_points: bool = True, failures: list[str] | None = None) -> pluggy.PluginManager:

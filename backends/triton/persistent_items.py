@@ -1,0 +1,249 @@
+"""The work items of the persistent decode step (persistent_step.py) as ``@triton.jit`` device
+functions, and the counters through which an item waits for its inputs.
+
+Every item computes the rows of the step's ``T <= 16`` tokens padded to fixed tiles (16 token rows
+for a GEMV, ``16 * GROUP`` query rows for attention) whatever ``T`` is, so that a token's row is
+reduced in the same order in a 1-token step and in a 16-token verify step (batch-invariant rows):
+
+- :func:`gemv_item`: ``BLOCK_N`` output columns of one linear, ``y = x W^T`` through ``tl.dot``
+  over ``[16, BLOCK_K]`` activation chunks (the RMSNorm of the input rows computed in the item's
+  prologue when NORM; int8 weights converted exactly and their row scales applied to the float32
+  accumulator), then the SwiGLU, residual-add or float32-logits epilogue. The first weight chunk is
+  loaded before the item waits for its input, and each chunk's successor before the chunk's dot.
+- :func:`attention_inputs_item`: one kv head's q heads (RMSNorm, RoPE) into the q buffer, its key
+  (RMSNorm, RoPE) and value into the paged cache, for every token of the step.
+- :func:`attention_item`: one of ``NUM_SPLITS`` partitions of one kv head's keys: the chunks
+  ``split, split + NUM_SPLITS, ...`` of ``CHUNK`` positions (a fixed partition: which keys a split
+  owns does not depend on T), through the online-softmax tile loop of paged_attention_tiles.py;
+  the last split of the kv head to finish (a counter) combines the partials in split order.
+
+Synchronization: an item that produced data runs a CTA barrier, then a release increment of its
+counter (:func:`signal`); a consumer spins on an acquire read until the counter reaches its target
+(:func:`wait_for`) and reads what others wrote with ``.cg`` loads (past L1).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, page_slot, rms_norm_halves,
+                                                        round_to, rope_rotate, scale_normalized, silu_mul_f32)
+from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, load_q_rows
+
+BLOCK_T = 16  # token rows of every GEMV tile (T = 1..16 padded)
+
+
+@triton.jit
+def wait_for(counter_ptr, target):
+    """Spin until the int32 counter reaches ``target`` (acquire: what its producers wrote before
+    their release is visible after)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def signal(counter_ptr):
+    """Count one finished item: every thread's stores are ordered before the release increment."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
+    """``rsqrt(mean(x^2) + eps)`` of the 16 rows at ``x_ptr`` (``[16, K]`` contiguous), summed in
+    BLOCK_K chunks: ``[16, 1]`` float32."""
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_k = tl.arange(0, BLOCK_K)
+    ss = tl.zeros([BLOCK_T], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + offs_t[:, None] * K + k0 + offs_k[None, :],
+                    mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+        x = x.to(tl.float32)
+        ss += tl.sum(x * x, 1)
+    return tl.math.rsqrt(ss / K + eps)[:, None]
+
+
+@triton.jit
+def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
+    return tl.load(w_rows + k0, mask=n_ok[:, None] & (k0 + offs_k < K)[None, :], other=0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, wait_ptr, wait_target,
+              K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
+              NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+    """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
+    (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
+    where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
+    SWIGLU: rows ``n`` (gate) and ``UP_ROWS + n`` (up), each accumulator rounded to y's dtype,
+    then ``silu(g) * u``. RESIDUAL: ``y = round(y + y_old)`` (in place: the residual stream).
+    ``capture >= 0``: the result also at ``cap_ptr``. Waits for ``wait_ptr`` to reach
+    ``wait_target`` after its first weight loads."""
+    act_ty = x_ptr.dtype.element_ty
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_ok = offs_t < T
+    n_ok = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
+    wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
+    if SWIGLU:
+        wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
+    wait_for(wait_ptr, wait_target)
+    if NORM:
+        rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
+    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + offs_t[:, None] * K + k0 + offs_k[None, :],
+                    mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+        if NORM:
+            nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
+            x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
+        next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
+        acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+        wg = next_g
+        if SWIGLU:
+            next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
+            acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+            wu = next_u
+    out_ty = y_ptr.dtype.element_ty
+    if INT8:
+        acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+        if SWIGLU:
+            acc_u = acc_u * tl.load(s_ptr + UP_ROWS + offs_n, mask=n_ok, other=0.0)[None, :]
+    if SWIGLU:
+        acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
+    mask = row_ok[:, None] & n_ok[None, :]
+    at = offs_t[:, None] * N + offs_n[None, :]
+    y = add_residual(acc.to(out_ty), y_ptr + at, mask, RESIDUAL)
+    tl.store(y_ptr + at, y, mask=mask)
+    if capture >= 0:
+        tl.store(cap_ptr + capture.to(tl.int64) * (BLOCK_T * N) + at, y, mask=mask)
+
+
+@triton.jit
+def _norm_rope_rows(src, row_ok, w_ptr, c, s, eps, D: tl.constexpr):
+    """RMSNorm (weight ``w_ptr`` ``[D]``) then RoPE (``c``, ``s`` per row) of the head vectors at
+    the row pointers ``src`` ``[R, 1]``: the two rotated halves, in src's dtype."""
+    dtype = src.dtype.element_ty
+    offs = tl.arange(0, D // 2)[None, :]
+    a = tl.load(src + offs, mask=row_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    b = tl.load(src + D // 2 + offs, mask=row_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+    wa = tl.load(w_ptr + offs).to(tl.float32)
+    wb = tl.load(w_ptr + D // 2 + offs).to(tl.float32)
+    na, nb = rms_norm_halves(a, b, wa, wb, D, eps, dtype)
+    return rope_rotate(na.to(tl.float32), nb.to(tl.float32), c, s, dtype)
+
+
+@triton.jit
+def _rope_tables(cos_ptr, sin_ptr, stride_cs, pos, D: tl.constexpr):
+    offs = tl.arange(0, D // 2)[None, :]
+    return tl.load(cos_ptr + pos * stride_cs + offs), tl.load(sin_ptr + pos * stride_cs + offs)
+
+
+@triton.jit
+def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, bt_ptr, pos_ptr, cos_ptr, sin_ptr, stride_cs,
+                          qn_ptr, kn_ptr, eps, kv_head, T, stride_kp, stride_kh, stride_ks,
+                          H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
+                          PAGE_SIZE: tl.constexpr):
+    """For kv head ``kv_head`` and every token ``t < T`` of ``qkv`` (``[16, (H + 2 HKV) D]``):
+    q heads ``kv_head * GROUP ..`` normalized and rotated into ``q`` (``[16, H, D]``), the key
+    normalized and rotated and the value copied into the pages at the token's position."""
+    width = (H + 2 * HKV) * D
+    offs = tl.arange(0, D // 2)[None, :]
+    r = tl.arange(0, BLOCK_T * GROUP)[:, None]
+    tok = r // GROUP
+    head = kv_head * GROUP + r % GROUP
+    ok = tok < T
+    pos = tl.load(pos_ptr + tok, mask=ok, other=0)
+    c, s = _rope_tables(cos_ptr, sin_ptr, stride_cs, pos, D)
+    qa, qb = _norm_rope_rows(qkv_ptr + tok * width + head * D, ok, qn_ptr, c, s, eps, D)
+    q_row = q_ptr + tok * (H * D) + head * D + offs
+    tl.store(q_row, qa, mask=ok)
+    tl.store(q_row + D // 2, qb, mask=ok)
+
+    t = tl.arange(0, BLOCK_T)[:, None]
+    ok = t < T
+    pos = tl.load(pos_ptr + t, mask=ok, other=0)
+    c, s = _rope_tables(cos_ptr, sin_ptr, stride_cs, pos, D)
+    ka, kb = _norm_rope_rows(qkv_ptr + t * width + (H + kv_head) * D, ok, kn_ptr, c, s, eps, D)
+    page, slot = page_slot(bt_ptr, pos, PAGE_SIZE)
+    dst = page * stride_kp + kv_head * stride_kh + slot * stride_ks + offs
+    tl.store(k_pages + dst, ka, mask=ok)
+    tl.store(k_pages + dst + D // 2, kb, mask=ok)
+    v = qkv_ptr + t * width + (H + HKV + kv_head) * D + offs
+    tl.store(v_pages + dst, tl.load(v, mask=ok, cache_modifier=".cg"), mask=ok)
+    tl.store(v_pages + dst + D // 2, tl.load(v + D // 2, mask=ok, cache_modifier=".cg"), mask=ok)
+
+
+@triton.jit
+def attention_item(q_ptr, k_pages, v_pages, bt_ptr, pos_ptr, part_ptr, stat_ptr, out_ptr, split_counter, T,
+                   kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks,
+                   H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
+                   PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+                   BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Split ``split`` of kv head ``kv_head``'s causal attention for the step's ``T`` query tokens
+    (q ``[16, H, D]``), over the keys of chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions
+    each) below ``start + T``. Its float32 partials (``acc`` ``[BLOCK_M, D]``, max and sum) go to
+    the scratch ``part`` ``[HKV, NUM_SPLITS, BLOCK_M, D]`` and ``stat`` ``[2, HKV, NUM_SPLITS,
+    BLOCK_M]``; the kv head's last split to count itself in ``split_counter`` combines them in
+    split order into ``out`` (``[16, H * D]``, q's dtype). Returns 1 where it combined, else 0."""
+    BLOCK_M: tl.constexpr = BLOCK_T * GROUP
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D)
+    q, tok, head, row_ok = load_q_rows(q_ptr, H * D, D, kv_head, offs_m, offs_d, T, GROUP, UPCAST)
+    start = tl.load(pos_ptr).to(tl.int32)
+    length = start + T
+    qpos = start + tok
+    k_base = k_pages + kv_head.to(tl.int64) * stride_kh
+    v_base = v_pages + kv_head.to(tl.int64) * stride_kh
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for lo in range(split * CHUNK, length, NUM_SPLITS * CHUNK):
+        hi = tl.minimum(lo + CHUNK, length)
+        full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks, stride_kp,
+                                     stride_ks, qpos, lo, full_end, qk_scale, offs_d, False, BLOCK_N, PAGE_SIZE,
+                                     UPCAST, DOT_PRECISION)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks, stride_kp,
+                                     stride_ks, qpos, full_end, hi, qk_scale, offs_d, True, BLOCK_N, PAGE_SIZE,
+                                     UPCAST, DOT_PRECISION)
+    row = (kv_head * NUM_SPLITS + split) * BLOCK_M + offs_m
+    tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc)
+    tl.store(stat_ptr + row, m_i)
+    tl.store(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, l_i)
+    tl.debug_barrier()
+    last = tl.atomic_add(split_counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1
+    if last:
+        _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, head, row_ok,
+                 H, HKV, D, NUM_SPLITS, BLOCK_M)
+    return last.to(tl.int32)
+
+
+@triton.jit
+def _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, head, row_ok,
+             H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+             BLOCK_M: tl.constexpr):
+    """``sum_s w_s acc_s / sum_s w_s l_s`` with ``w_s = exp2(m_s - max_s m_s)``, summed in split
+    order (a split that saw no key of a row has ``m_s = -inf``: weight 0, adds exact zeros)."""
+    first = kv_head * NUM_SPLITS * BLOCK_M + offs_m
+    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        m_all = tl.maximum(m_all, tl.load(stat_ptr + first + s * BLOCK_M, cache_modifier=".cg"))
+    m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
+    num = tl.zeros([BLOCK_M, D], tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    for s in range(NUM_SPLITS):
+        row = first + s * BLOCK_M
+        w = tl.math.exp2(tl.load(stat_ptr + row, cache_modifier=".cg") - m_sub)
+        den += tl.load(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, cache_modifier=".cg") * w
+        num += tl.load(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], cache_modifier=".cg") * w[:, None]
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
+    tl.store(out_ptr + (tok * (H * D) + head * D)[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])

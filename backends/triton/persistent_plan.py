@@ -1,0 +1,144 @@
+"""Host side of the persistent decode step (persistent_step.py): the shapes a compiled kernel
+serves (:class:`StepShape`), the work list of a step (:class:`StepPlan`), the buffers it works in
+(:class:`StepBuffers`) and the grid that fits on the device (:func:`resident_programs`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import triton
+
+from tileinfer.backends.triton.persistent_items import BLOCK_T
+
+# Item kinds, in the order of a layer's work.
+QKV, ATTN_IN, ATTN, O_PROJ, GATE_UP, DOWN, LM_HEAD = range(7)
+# The addresses each layer hands the kernel: one int64 row of ``layer_ptrs`` per layer.
+LAYER_POINTERS = ("qkv_w", "qkv_s", "o_w", "o_s", "gate_up_w", "gate_up_s", "down_w", "down_s",
+                  "input_norm", "post_norm", "q_norm", "k_norm", "k_pages", "v_pages")
+NUM_PTRS = len(LAYER_POINTERS)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The model shapes and the tiles of one compiled persistent kernel."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    layers: int
+    page_size: int
+    num_splits: int = 16  # attention partitions per kv head
+    chunk: int = 128  # positions per attention chunk (a multiple of attn_block)
+    attn_block: int = 64  # keys per attention tile
+    block_k: int = 256
+    block_n: tuple[int, int, int, int, int] = (16, 16, 16, 16, 64)  # qkv, o_proj, gate_up, down, lm_head
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def qkv_rows(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    def tiles(self) -> tuple[int, int, int, int, int]:
+        """GEMV tiles of qkv, o_proj, gate_up (counted in output columns), down, lm_head."""
+        outs = (self.qkv_rows, self.hidden, self.intermediate, self.hidden, self.vocab)
+        return tuple(triton.cdiv(n, b) for n, b in zip(outs, self.block_n))
+
+    @property
+    def num_counters(self) -> int:
+        """Per layer: qkv, attention inputs and splits per kv head, attention, o_proj, gate_up,
+        down; then the count of finished programs."""
+        return self.layers * (5 + 2 * self.kv_heads) + 1
+
+
+@dataclass
+class StepPlan:
+    """The work list of one step: ``items`` int32 ``[n, 4]`` (kind, layer, index, capture slot or
+    -1), with the lm_head tiles (``logits``) or without, and the layers whose output is captured
+    (slot = rank in ``capture``)."""
+
+    items: torch.Tensor
+    capture: tuple[int, ...]
+
+    @classmethod
+    def build(cls, shape: StepShape, device: torch.device, *, logits: bool = True,
+              capture: tuple[int, ...] = ()) -> "StepPlan":
+        n_qkv, n_o, n_gu, n_down, n_lm = shape.tiles()
+        rows: list[tuple[int, int, int, int]] = []
+        for layer in range(shape.layers):
+            rows += [(QKV, layer, i, -1) for i in range(n_qkv)]
+            rows += [(ATTN_IN, layer, g, -1) for g in range(shape.kv_heads)]
+            rows += [(ATTN, layer, g * shape.num_splits + s, -1)
+                     for s in range(shape.num_splits) for g in range(shape.kv_heads)]
+            rows += [(O_PROJ, layer, i, -1) for i in range(n_o)]
+            rows += [(GATE_UP, layer, i, -1) for i in range(n_gu)]
+            slot = capture.index(layer) if layer in capture else -1
+            rows += [(DOWN, layer, i, slot) for i in range(n_down)]
+        if logits:
+            rows += [(LM_HEAD, shape.layers - 1, i, -1) for i in range(n_lm)]
+        return cls(torch.tensor(rows, dtype=torch.int32, device=device), tuple(capture))
+
+
+@dataclass
+class StepBuffers:
+    """Everything the kernel writes, sized for 16 token rows: the residual stream ``h``, the qkv
+    projection, the rotated q heads, the attention output, the SwiGLU activations, float32 logits,
+    captured layer outputs, the attention partials and statistics, the counters (zero between
+    launches)."""
+
+    h: torch.Tensor
+    qkv: torch.Tensor
+    q: torch.Tensor
+    attn: torch.Tensor
+    act: torch.Tensor
+    logits: torch.Tensor
+    capture: torch.Tensor
+    part: torch.Tensor
+    stat: torch.Tensor
+    counters: torch.Tensor
+
+    @classmethod
+    def allocate(cls, shape: StepShape, dtype: torch.dtype, device: torch.device, captures: int) -> "StepBuffers":
+        s, rows = shape, BLOCK_T
+        partials = s.kv_heads * s.num_splits * rows * s.group
+
+        def zeros(*size, dt=dtype):
+            return torch.zeros(size, dtype=dt, device=device)
+
+        return cls(h=zeros(rows, s.hidden), qkv=zeros(rows, s.qkv_rows), q=zeros(rows, s.heads * s.head_dim),
+                   attn=zeros(rows, s.heads * s.head_dim), act=zeros(rows, s.intermediate),
+                   logits=zeros(rows, s.vocab, dt=torch.float32), capture=zeros(max(captures, 1), rows, s.hidden),
+                   part=zeros(partials * s.head_dim, dt=torch.float32), stat=zeros(2 * partials, dt=torch.float32),
+                   counters=zeros(s.num_counters, dt=torch.int32))
+
+    def poison(self) -> None:
+        """NaN in every float buffer (tests: nothing may be read before it is written)."""
+        for f in fields(self):
+            t = getattr(self, f.name)
+            if t.is_floating_point():
+                t.fill_(float("nan"))
+
+
+def layer_pointer_table(rows: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """int64 ``[layers, NUM_PTRS]`` of the tensors' addresses, in ``LAYER_POINTERS`` order (the
+    tensors must stay alive as long as the table is used)."""
+    table = [[row[name].data_ptr() for name in LAYER_POINTERS] for row in rows]
+    return torch.tensor(table, dtype=torch.int64, device=device)
+
+
+def resident_programs(compiled, num_sms: int, shared_per_sm: int, regs_per_sm: int = 65536,
+                      max_per_sm: int = 32) -> int:
+    """Programs per multiprocessor of a compiled kernel that can be resident at once (registers,
+    shared memory, the hardware limit): a persistent grid larger than ``num_sms`` times this would
+    wait on programs that never start."""
+    threads = compiled.metadata.num_warps * 32
+    by_regs = regs_per_sm // max(compiled.n_regs * threads, 1)
+    shared = compiled.metadata.shared
+    by_shared = shared_per_sm // shared if shared else max_per_sm
+    return max(0, min(by_regs, by_shared, max_per_sm))

@@ -1,0 +1,154 @@
+"""The decode step (1..16 tokens) of a Qwen3 decoder stack as one persistent kernel; twin: the
+per-op step (``tileinfer.model.stack_forward`` over the Triton Linear and Attention), which it
+equals up to the reduction orders stated in :func:`persistent_step`.
+
+Tiling and grid. Grid: ``programs`` programs, all resident at once (the caller sizes it to the
+machine: :func:`resident_programs`). The step is a list of work items in dependency order (built
+on the host by :class:`StepPlan`): per layer the qkv GEMV tiles (input RMSNorm in each tile's
+prologue), one attention-input item per kv head (q/k RMSNorm, RoPE, the K/V page write),
+``NUM_SPLITS`` attention items per kv head (the last one combines), the o_proj tiles (+ residual),
+the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual); then the lm_head
+tiles (final RMSNorm, float32 logits). Program ``p`` takes items ``p, p + programs, ...`` in
+order; an item waits on the int32 counter its inputs increment (persistent_items.py), never on a
+kernel boundary, and loads its first weight chunk before it waits. Every GEMV tile is
+``[16 tokens, BLOCK_N columns]`` through ``tl.dot`` over ``BLOCK_K`` chunks; every attention item
+``[16 * GROUP query rows, BLOCK_N keys]`` tiles. The last program to finish zeroes the counters
+for the next launch. Under the interpreter, which runs programs one after another, one program
+takes every item in order (every wait is then already satisfied when checked).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tileinfer.backends.triton.persistent_items import (attention_inputs_item, attention_item, gemv_item, signal,
+                                                        wait_for)
+from tileinfer.backends.triton import persistent_plan as plan_
+from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape
+
+# The item kinds and the pointer table's width, as constants of the kernel.
+QKV, ATTN_IN, ATTN, O_PROJ, GATE_UP, DOWN = (tl.constexpr(k) for k in (plan_.QKV, plan_.ATTN_IN, plan_.ATTN,
+                                                                     plan_.O_PROJ, plan_.GATE_UP, plan_.DOWN))
+NUM_PTRS = tl.constexpr(plan_.NUM_PTRS)
+
+
+@triton.jit
+def _ptr(layer_ptrs, layer, j: tl.constexpr, ty: tl.constexpr):
+    """Address ``j`` of ``layer``'s row of the pointer table (``NUM_PTRS`` columns) as a pointer to ``ty``."""
+    return tl.load(layer_ptrs + layer * NUM_PTRS + j).to(tl.pointer_type(ty))
+
+
+@triton.jit
+def _persistent_step_kernel(
+    items_ptr, n_items, counters_ptr, n_counters, layer_ptrs,
+    pos_ptr, T, eps, qk_scale,
+    h_ptr, qkv_ptr, q_ptr, attn_ptr, act_ptr, logits_ptr, cap_ptr, part_ptr, stat_ptr,
+    bt_ptr, cos_ptr, sin_ptr, stride_cs, lm_w_ptr, lm_s_ptr, final_norm_ptr, w_example_ptr,
+    stride_kp, stride_kh, stride_ks,
+    HIDDEN: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
+    VOCAB: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+    ATTN_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
+    INT8: tl.constexpr, LM_INT8: tl.constexpr, DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    GROUP: tl.constexpr = H // HKV
+    NQKV: tl.constexpr = (H + 2 * HKV) * D
+    CPL: tl.constexpr = 5 + 2 * HKV
+    C_ATTN: tl.constexpr = 1 + 2 * HKV
+    act_ty = h_ptr.dtype.element_ty
+    w_ty = w_example_ptr.dtype.element_ty
+    n_programs = tl.num_programs(0)
+    for i in range(tl.program_id(0), n_items, n_programs):
+        kind = tl.load(items_ptr + i * 4)
+        layer = tl.load(items_ptr + i * 4 + 1)
+        index = tl.load(items_ptr + i * 4 + 2)
+        capture = tl.load(items_ptr + i * 4 + 3)
+        c = counters_ptr + layer * CPL  # this layer's counters
+        if kind == QKV:
+            prev = counters_ptr + tl.maximum(layer - 1, 0) * CPL + C_ATTN + 3  # the layer before's down
+            gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 0, w_ty), _ptr(layer_ptrs, layer, 1, tl.float32),
+                      _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
+                      prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
+                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32)
+            signal(c)
+        elif kind == ATTN_IN:
+            wait_for(c, tl.cdiv(NQKV, BN_QKV))
+            attention_inputs_item(qkv_ptr, q_ptr, _ptr(layer_ptrs, layer, 12, act_ty),
+                                  _ptr(layer_ptrs, layer, 13, act_ty), bt_ptr, pos_ptr, cos_ptr, sin_ptr,
+                                  stride_cs, _ptr(layer_ptrs, layer, 10, act_ty), _ptr(layer_ptrs, layer, 11, act_ty),
+                                  eps, index, T, stride_kp, stride_kh, stride_ks, H, HKV, D, GROUP, PAGE_SIZE)
+            signal(c + 1 + index)
+        elif kind == ATTN:
+            kv_head = index // NUM_SPLITS
+            wait_for(c + 1 + kv_head, 1)
+            combined = attention_item(q_ptr, _ptr(layer_ptrs, layer, 12, act_ty), _ptr(layer_ptrs, layer, 13, act_ty),
+                                      bt_ptr, pos_ptr, part_ptr, stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T,
+                                      kv_head, index % NUM_SPLITS, qk_scale, stride_kp, stride_kh, stride_ks,
+                                      H, HKV, D, GROUP, PAGE_SIZE, NUM_SPLITS, CHUNK, ATTN_BLOCK, UPCAST,
+                                      DOT_PRECISION)
+            if combined != 0:
+                signal(c + C_ATTN)
+        elif kind == O_PROJ:
+            gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
+                      h_ptr, eps, h_ptr, cap_ptr, -1, index * BN_O, c + C_ATTN, HKV,
+                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32)
+            signal(c + C_ATTN + 1)
+        elif kind == GATE_UP:
+            gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
+                      _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
+                      c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
+                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32)
+            signal(c + C_ATTN + 2)
+        elif kind == DOWN:
+            gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
+                      h_ptr, eps, h_ptr, cap_ptr, capture, index * BN_DOWN, c + C_ATTN + 2, tl.cdiv(INTER, BN_GU),
+                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32)
+            signal(c + C_ATTN + 3)
+        else:  # LM_HEAD after the last layer
+            gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
+                      c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
+                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32)
+    # The last program to get here zeroes every counter (the finished count too) for the next launch.
+    tl.debug_barrier()
+    if tl.atomic_add(counters_ptr + n_counters - 1, 1, sem="acq_rel", scope="gpu") == n_programs - 1:
+        for j in range(0, n_counters, 256):
+            offs = j + tl.arange(0, 256)
+            tl.store(counters_ptr + offs, tl.zeros([256], tl.int32), mask=offs < n_counters)
+
+
+
+
+def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, layer_ptrs: torch.Tensor,
+                           positions: torch.Tensor, block_table: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           lm_w: torch.Tensor, lm_s: torch.Tensor | None, final_norm: torch.Tensor,
+                           layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
+                           programs: int, dot_f32: bool, *, warmup: bool = False):
+    """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
+    runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
+    in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
+    (persistent_plan.LAYER_POINTERS; weights in ``layer_weight``'s dtype, int8 with float32 row
+    scales or the model dtype, pages in the model dtype with ``page_strides`` (page, head, slot)
+    alike for K and V). ``lm_w`` (``lm_s`` its scales where int8) and ``final_norm``: the
+    lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``warmup``: compile, do not run;
+    returns the compiled kernel (for :func:`resident_programs`)."""
+    t = positions.numel()
+    assert 1 <= t <= 16, f"the persistent step runs 1..16 tokens, got {t}"
+    s, act = shape, bufs.h
+    int8, lm_int8 = layer_weight.dtype == torch.int8, lm_w.dtype == torch.int8
+    dummy = bufs.stat
+    args = (plan.items, plan.items.shape[0], bufs.counters, bufs.counters.numel(), layer_ptrs,
+            positions, t, eps, s.head_dim ** -0.5 * 1.4426950408889634,
+            act, bufs.qkv, bufs.q, bufs.attn, bufs.act, bufs.logits, bufs.capture, bufs.part, bufs.stat,
+            block_table, cos, sin, cos.stride(0), lm_w, lm_s if lm_int8 else dummy, final_norm, layer_weight,
+            *page_strides)
+    kw = dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
+              PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
+              BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
+              BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
+              DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+    if warmup:
+        return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)
+    _persistent_step_kernel[(programs,)](*args, **kw)
+    return None
