@@ -30,8 +30,8 @@ from torch.utils._pytree import tree_map
 from tileinfer.backends.reference.linear import quantize_int8
 
 PACKED, SCALE, SHAPE = "weight_packed", "weight_scale", "weight_shape"
-COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json",
-                "vocab.json", "merges.txt", "chat_template.jinja")
+COPIED_FILES = ("generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja", "LICENSE")
 
 
 class Int8Weight(torch.Tensor):
@@ -136,13 +136,17 @@ def quantized_modules(mc) -> list[str]:
 
 def quantize_checkpoint(model: Path, out: Path, *, progress: bool = False) -> Path:
     """Write ``out``: the checkpoint ``model`` with its linears in W8A16 pack-quantized form (one
-    ``model.safetensors``), config.json with the ``quantization_config``, and the tokenizer and
-    generation files copied. ``model`` is read and checked as the engine reads it (CheckpointError
-    naming the file and tensor otherwise); a checkpoint already quantized is refused."""
+    ``model.safetensors``), config.json with the ``quantization_config``, and the tokenizer,
+    generation and licence files copied. ``model`` is read and checked as the engine reads it
+    (CheckpointError naming the file and tensor otherwise); a checkpoint already quantized is
+    refused. ``out`` is written whole or not at all (``atomic_folder.written_in_place``: checked
+    before any weight is read, filled beside it, renamed into place when complete); config.json
+    is written last, so that the temporary folder of an interrupted run is no checkpoint."""
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    from tileinfer.errors import CheckpointError, UsageError
+    from tileinfer.atomic_folder import check_destination, written_in_place
+    from tileinfer.errors import UsageError
     from tileinfer.loading import CheckpointReader
     from tileinfer.model_config import read_config
 
@@ -150,33 +154,29 @@ def quantize_checkpoint(model: Path, out: Path, *, progress: bool = False) -> Pa
     raw, mc, stored = read_config(model)
     if stored != "none":
         raise UsageError(f"{model / 'config.json'}: the checkpoint is already quantized ({stored})")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out}: exists and is not an empty folder")
+    check_destination(out)
     dtype = {"float16": torch.float16, "float32": torch.float32}.get(raw.get("torch_dtype") or raw.get("dtype"),
                                                                     torch.bfloat16)
-    reader = CheckpointReader(model, mc, torch.device("cpu"), torch.float32, quantization=stored)
     quantized = set(quantized_modules(mc))
-    tensors: dict[str, torch.Tensor] = {}
-    for name in tqdm(list(reader.expected), desc="quantizing", disable=not progress or None, leave=False):
-        w = reader.tensor(name)
-        module = name.removesuffix(".weight")
-        if module in quantized:
-            q, scale = quantize_int8(w)
-            tensors[f"{module}.{PACKED}"] = pack_int8(q)
-            tensors[f"{module}.{SCALE}"] = scale[:, None].contiguous()
-            tensors[f"{module}.{SHAPE}"] = torch.tensor(list(w.shape), dtype=torch.int64)
-        else:
-            tensors[name] = w.to(dtype).contiguous()
-    reader.close()
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    raw["quantization_config"] = quantization_config([] if "lm_head" in quantized else ["lm_head"])
-    (out / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    for file in COPIED_FILES:
-        if (model / file).is_file():
-            shutil.copyfile(model / file, out / file)
-    if not (out / "model.safetensors").is_file():
-        raise CheckpointError(f"{out}: model.safetensors was not written")
+    with CheckpointReader(model, mc, torch.device("cpu"), torch.float32, quantization=stored) as reader, \
+            written_in_place(out) as folder:
+        tensors: dict[str, torch.Tensor] = {}
+        for name in tqdm(list(reader.expected), desc="quantizing", disable=not progress or None, leave=False):
+            w = reader.tensor(name)
+            module = name.removesuffix(".weight")
+            if module in quantized:
+                q, scale = quantize_int8(w)
+                tensors[f"{module}.{PACKED}"] = pack_int8(q)
+                tensors[f"{module}.{SCALE}"] = scale[:, None].contiguous()
+                tensors[f"{module}.{SHAPE}"] = torch.tensor(list(w.shape), dtype=torch.int64)
+            else:
+                tensors[name] = w.to(dtype).contiguous()
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        for file in COPIED_FILES:
+            if (model / file).is_file():
+                shutil.copyfile(model / file, folder / file)
+        raw["quantization_config"] = quantization_config([] if "lm_head" in quantized else ["lm_head"])
+        (folder / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     return out
 
 
