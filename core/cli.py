@@ -197,10 +197,12 @@ def _serve(args: argparse.Namespace, notices: _Notices) -> int:
         from tileinfer import server
     except ImportError as exc:
         raise UsageError(f"serve needs FastAPI and uvicorn ({exc}): pip install 'tileinfer[serve]'") from None
+    api_key = server.api_key_of(args.api_key, args.api_key_file)
     engine = _load_engine(args, notices)
-    print(f"serving {engine.folder.name} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr,
-          flush=True)
-    server.serve(engine, host=args.host, port=args.port, queue_size=args.queue, api_key=args.api_key,
+    name = (args.served_model_name or [engine.folder.name])[0]
+    print(f"serving {name} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", file=sys.stderr, flush=True)
+    server.serve(engine, host=args.host, port=args.port, queue_size=args.queue, api_key=api_key,
+                 served_model_names=args.served_model_name, hosts=args.allowed_hosts,
                  log_level="warning" if args.quiet else "info")
     return 0
 

@@ -96,8 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--queue", type=int, default=16, metavar="N",
                        help="requests that may wait behind the one running (default 16); more get 503")
-    serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1 requests "
-                       "(default: the environment variable TILEINFER_API_KEY; none when unset)")
+    serve.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1, /tokenize and "
+                       "/detokenize requests (visible in the process list: prefer --api-key-file or the environment "
+                       "variable TILEINFER_API_KEY, the default; none when unset)")
+    serve.add_argument("--api-key-file", metavar="PATH", help="the API key as the first line of PATH")
+    serve.add_argument("--served-model-name", nargs="+", metavar="NAME", help="the names a request's model may give "
+                       "(default: the model folder's name); responses report the first")
+    serve.add_argument("--allowed-hosts", nargs="+", metavar="HOST", help="the Host header names to answer (default "
+                       "without an API key: localhost and the --host address; with one: any)")
     _generation_flags(serve, per_request=True)
     _global(serve, main=False)
     _common(serve)

@@ -1,147 +1,84 @@
 """``tileinfer serve``: an OpenAI-compatible HTTP API (FastAPI, uvicorn, server-sent events).
 
-One Engine serves the requests one at a time, in arrival order. A request is checked (its fields,
-model, prompt and length: ``Engine.stream`` checks a prompt when called) in the event loop, then
-admitted to a bounded queue (503 when ``queue`` requests already wait behind the one running); a
-worker thread iterates each request's stream and hands its text to the request's own asyncio
-queue, so nothing is lost or mixed between requests. A client that goes away (or a stop string
-that matched) closes the stream at the next step, which frees the engine for the next request.
+One Engine serves the requests one at a time, in arrival order. A request passes the guard
+(``tileinfer.server_guard``: Host header, content type, API key, a body read within its size and
+time limits), then its body is decoded, validated (``tileinfer.server_requests``), templated and
+tokenized in a thread, off the event loop, so that no client's request stalls the others. It is
+admitted to a bounded queue (503 when ``queue_size`` requests already wait behind the one
+running); the engine's thread (``tileinfer.server_worker``) runs it and hands its text to the
+request's own asyncio queue. A client that goes away (or a stop string that matched) closes the
+stream at the next step, which frees the engine for the next request.
 
 Per request, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed`` and the penalties default
 to the server's config (the checkpoint's generation_config.json, then ``--config``, the sampling
 flags and KEY=VALUE), and ``max_tokens`` to its ``max_new_tokens``. The wire format is
-``tileinfer.openai_api``.
+``tileinfer.openai_api``; the metrics and the access log are ``tileinfer.server_metrics``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
-import os
-import queue
-import threading
+import copy
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from tileinfer import __version__
 from tileinfer import openai_api as api
-from tileinfer.errors import ConfigError, TileinferError, UsageError
-from tileinfer.openai_api import APIError, StopMatcher, bad
+from tileinfer import server_requests as requests
+from tileinfer.errors import ConfigError, UsageError
+from tileinfer.openai_api import APIError, bad
+from tileinfer.server_guard import (ApiKey, ClientDisconnect, Guard, HeadDeadlineH11, allowed_hosts, api_key_of,
+                                    read_body)
+from tileinfer.server_metrics import AccessLog, Metrics
+from tileinfer.server_reply import Reply, server_error
+from tileinfer.server_worker import Job, Worker
 
-API_KEY_ENV = "TILEINFER_API_KEY"
-_FINISH = {"eos": "stop", "length": "length"}
-_DISCONNECT_CHECK_S = 0.1  # how often a waiting response asks whether its client is still there
+MAX_BODY_BYTES = 4 << 20
+BODY_TIMEOUT_S = 30.0
+IDLE_TIMEOUT_S = 5  # a connection's wait for a request's head
+SHUTDOWN_TIMEOUT_S = 10  # what a stop signal leaves running requests before they are cancelled
 
 
 @dataclass
-class Job:
-    """One admitted request: its engine stream (not started), its stop strings, and the queue of
-    events the worker sends back: ("text", str, logprobs), ("done", finish_reason,
-    completion_tokens) or ("error", exception). ``describe`` turns the engine's TokenLogprob into
-    an ``openai_api.Logprob``; the logprobs of a "text" event are its tokens' (None when the
-    request asked for none; tokens whose text is held back go with the next event)."""
+class Prepared:
+    """A generation request ready to admit: its engine streams (one per prompt, not started) and
+    their prompts' lengths."""
 
-    stream: Iterator
-    stops: list[str]
-    loop: asyncio.AbstractEventLoop
-    describe: Callable[[Any], api.Logprob] | None = None
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancelled: bool = False
-
-    def send(self, *event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: the server is gone
-            self.cancelled = True
+    request: requests.ChatRequest | requests.CompletionRequest
+    streams: list
+    prompt_tokens: list[int]
 
 
-class Worker:
-    """The thread that runs the admitted jobs one at a time, in arrival order; at most
-    ``queue_size`` jobs wait behind the one running."""
-
-    def __init__(self, queue_size: int) -> None:
-        self.limit = queue_size + 1
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
-        self._lock = threading.Lock()
-        self._admitted = 0
-        self._thread = threading.Thread(target=self._loop, name="tileinfer-engine", daemon=True)
-        self._stopping = False
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Cancel what runs or waits (at its next step) and end the thread."""
-        self._stopping = True
-        self._jobs.put(None)
-        self._thread.join(timeout)
-
-    def submit(self, job: Job) -> bool:
-        with self._lock:
-            if self._admitted >= self.limit:
-                return False
-            self._admitted += 1
-        self._jobs.put(job)
-        return True
-
-    def _loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                if not (job.cancelled or self._stopping):
-                    self._run(job)
-            finally:
-                job.stream.close()
-                with self._lock:
-                    self._admitted -= 1
-
-    def _run(self, job: Job) -> None:
-        matcher = StopMatcher(job.stops)
-        tokens, finish = 0, None
-        pending: list[api.Logprob] | None = [] if job.describe else None
-        try:
-            for piece in job.stream:
-                if job.cancelled or self._stopping:
-                    return
-                tokens += len(piece.token_ids)
-                if pending is not None and piece.logprobs:
-                    pending += [job.describe(lp) for lp in piece.logprobs]
-                text, stopped = matcher.push(piece.text or "")
-                if text:
-                    job.send("text", text, pending)
-                    pending = [] if pending is not None else None
-                if stopped:
-                    finish = "stop"
-                    break
-                if piece.stats is not None:
-                    finish = _FINISH[piece.stats.finish_reason]
-        except Exception as exc:  # noqa: BLE001 - reported to the request, the server goes on
-            job.send("error", exc)
-            return
-        finally:
-            job.stream.close()  # a stop string matched: free the engine now
-        rest = matcher.flush() if finish != "stop" else ""
-        if rest or pending:
-            job.send("text", rest, pending)
-        job.send("done", finish or "length", tokens)
-
-
-def create_app(engine, *, queue_size: int = 16, api_key: str | None = None, model_id: str | None = None) -> FastAPI:
+def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
+               served_model_names: Sequence[str] | None = None, host: str = "127.0.0.1",
+               hosts: Sequence[str] | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving ``engine`` (an Engine with a tokenizer). ``api_key``: the bearer
-    token every /v1 request must carry (None: no key)."""
+    token every /v1, /tokenize and /detokenize request must carry (None: no key; a blank key is a
+    UsageError). ``served_model_names``: the names a request's ``model`` may give (default: the
+    model folder's name), the first one reported. ``host``: the address served, whose name (with
+    localhost's) a Host header must give when there is no key, unless ``hosts`` lists the names
+    to accept. Bodies over ``max_body_bytes`` are 413s, bodies slower than ``body_timeout_s`` 408s."""
     if engine.tokenizer is None:
         raise ConfigError(f"serve needs a checkpoint with a tokenizer.json ({engine.folder} has none)")
     if not isinstance(queue_size, int) or queue_size < 0:
         raise UsageError(f"the queue size must be an integer >= 0, got {queue_size!r}")
-    model_id = model_id or engine.folder.name
-    worker = Worker(queue_size)
-    key = api_key.encode() if api_key else None
+    if api_key is not None and not api_key.strip():
+        raise UsageError("the API key is blank: give a key, or None to serve without one")
+    names = list(served_model_names or [engine.folder.name])
+    if not all(isinstance(n, str) and n.strip() for n in names):
+        raise UsageError(f"served model names must be non-empty strings, got {names!r}")
+    key = ApiKey(api_key) if api_key is not None else None
+    metrics = Metrics()
+    worker = Worker(queue_size, metrics)
+    metrics.track_queue(lambda: worker.waiting, lambda: worker.running)
     created = int(time.time())
 
     @asynccontextmanager
@@ -150,34 +87,83 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None, mode
         yield
         await asyncio.to_thread(worker.stop)
 
-    app = FastAPI(title="tileinfer", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.worker = worker
+    app = FastAPI(title="tileinfer", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.worker, app.state.metrics = worker, metrics
+    app.add_middleware(Guard, hosts=allowed_hosts(host, hosts, key is not None), max_body=max_body_bytes)
+    app.add_middleware(AccessLog, metrics=metrics)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        close = {"connection": "close"} if exc.status in (408, 413) else None  # the body is left unread
+        return JSONResponse(exc.body(), status_code=exc.status, headers=close)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException):
         return JSONResponse(api.error_body(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):
+        request.state.record.note = "client went away"
+        return Response(status_code=499)  # not delivered: there is no one to deliver it to
+
+    @app.exception_handler(Exception)
+    async def _failure(request: Request, exc: Exception):
+        return JSONResponse(server_error(exc).body(), status_code=500)
+
     def authorize(request: Request) -> None:
-        if key is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if not (scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key)):
-            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
+        if key is not None:
+            key.check(request)
+
+    async def body_of(request: Request, model: type) -> Any:
+        """The request's body, read within the limits, decoded and validated in a thread."""
+        authorize(request)
+        body = await read_body(request, max_body_bytes, body_timeout_s)
+        return await asyncio.to_thread(lambda: requests.validate(model, requests.decode_json(body)))
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in names:
+            raise APIError(404, f"the model {name!r} does not exist: this server serves {', '.join(map(repr, names))}",
+                           param="model", code="model_not_found")
 
     @app.get("/health")
     async def health():
         return {"status": "ok"}
 
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics_page():
+        content, media_type = metrics.exposition()
+        return Response(content, headers={"content-type": media_type})
+
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created,
-                                            "owned_by": "tileinfer"}]}
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "tileinfer",
+                                            "max_model_len": engine.capacity} for name in names]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        parsed = await body_of(request, requests.TokenizeRequest)
+        check_model(parsed.model)
+        ids = await asyncio.to_thread(_tokenize, engine, parsed)
+        strs = [engine.tokenizer.decode([t], skip_special_tokens=False) for t in ids] if parsed.return_token_strs \
+            else None
+        return {"count": len(ids), "max_model_len": engine.capacity, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        parsed = await body_of(request, requests.DetokenizeRequest)
+        check_model(parsed.model)
+        vocab = engine.tokenizer.vocab_size
+        for i, token in enumerate(parsed.tokens):
+            if token >= vocab:
+                raise bad(f"tokens[{i}]: {token} is not in the vocabulary (size {vocab})", f"tokens[{i}]")
+        text = await asyncio.to_thread(engine.tokenizer.decode, parsed.tokens, skip_special_tokens=False)
+        return {"prompt": text}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -188,67 +174,78 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None, mode
         return await complete("completion", request)
 
     async def complete(kind: str, request: Request):
-        authorize(request)
-        try:
-            body = await request.json()
-        except ValueError:  # not JSON, or not UTF-8
-            raise bad("the request body is not valid JSON") from None
-        parsed = api.parse_request(kind, body)
-        if parsed.model is not None and parsed.model != model_id:
-            raise APIError(404, f"the model {parsed.model!r} does not exist: this server serves {model_id!r}",
-                           param="model", code="model_not_found")
-        stream, prompt_tokens = _start(engine, parsed)
-        describe = _describer(engine.tokenizer) if parsed.logprobs is not None else None
-        job = Job(stream, parsed.stop, asyncio.get_running_loop(), describe)
+        model = requests.ChatRequest if kind == "chat" else requests.CompletionRequest
+        parsed = await body_of(request, model)
+        check_model(parsed.model)
+        prepared = await asyncio.to_thread(_prepare, engine, parsed)
+        record = request.state.record
+        record.prompt_tokens = sum(prepared.prompt_tokens)
+        describe = _describer(engine.tokenizer) if parsed.top_n is not None else None
+        job = Job(prepared.streams, parsed.stop, asyncio.get_running_loop(), record, describe)
         if not worker.submit(job):
-            stream.close()
+            job.close()
             raise APIError(503, f"the server is busy: {worker.limit - 1} requests already wait; retry later",
                            type="server_error", code="queue_full")
-        rid, made = api.new_id(kind), api.now()
+        metrics.prompt(record.prompt_tokens)
+        reply = Reply(kind, api.new_id(kind), api.now(), names[0], parsed, job, record)
         if parsed.stream:
-            return StreamingResponse(_sse(kind, rid, made, model_id, parsed, job, prompt_tokens, request),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        texts: list[str] = []
-        logprobs: list[api.Logprob] | None = [] if describe else None
-        try:
-            async for event in _events(job, request):
-                if event[0] == "text":
-                    texts.append(event[1])
-                    if logprobs is not None:
-                        logprobs += event[2]
-                elif event[0] == "error":
-                    raise _server_error(event[1])
-                else:
-                    counts = api.usage(prompt_tokens, event[2])
-                    return api.response(kind, rid, made, model_id, "".join(texts), event[1], counts, logprobs)
-        finally:
-            job.cancelled = True
-        return JSONResponse(api.error_body("the client went away", "server_error"), status_code=499)
+            return StreamingResponse(reply.stream(request), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await reply.whole(request)
 
     return app
 
 
-def _start(engine, parsed: api.ParsedRequest) -> tuple[Iterator, int]:
-    """The engine's stream for a request (not started: the worker starts it) and the prompt's
-    length; APIError(400) for a prompt the engine rejects (too long, empty, not in the vocabulary)."""
-    param = "messages" if parsed.kind == "chat" else "prompt"
+def _prepare(engine, parsed) -> Prepared:
+    """The engine's streams of a generation request (not started: the worker starts them);
+    APIError(400) for a sampling value or a prompt the engine rejects (too long, empty, not in the
+    vocabulary, a template that fails)."""
     try:
-        sampling = replace(engine.default_sampling, **parsed.sampling)
+        sampling = replace(engine.default_sampling, **parsed.sampling())
     except ConfigError as exc:  # "temperature=-1 is not valid: ..."
         name = str(exc).partition("=")[0]
-        raise bad(str(exc), name if name in parsed.sampling else None) from None
+        raise bad(str(exc), name if name in parsed.sampling() else None) from None
+    if isinstance(parsed, requests.ChatRequest):
+        param, prompts = "messages", [_chat_ids(engine, parsed.template_messages(), parsed.chat_template_kwargs)]
+    else:
+        param, prompts = "prompt", parsed.prompt
+    streams, lengths = [], []
     try:
-        if parsed.kind == "chat":
-            text = engine.tokenizer.apply_chat_template(parsed.messages, add_generation_prompt=True,
-                                                        **parsed.chat_template_kwargs)
-            ids = engine.tokenizer.encode(text, add_special_tokens=False)
-        else:
-            ids = engine.encode_prompt(parsed.prompt) if isinstance(parsed.prompt, str) else parsed.prompt
-        stream = engine.stream(ids, max_new_tokens=parsed.max_tokens, sampling=sampling, logprobs=parsed.logprobs)
+        for i, prompt in enumerate(prompts):
+            ids = engine.encode_prompt(prompt) if isinstance(prompt, str) else prompt
+            streams.append(engine.stream(ids, max_new_tokens=parsed.max_tokens, sampling=sampling,
+                                         logprobs=parsed.top_n))
+            lengths.append(len(ids))
     except UsageError as exc:
+        for stream in streams:
+            stream.close()
         too_long = "positions, more than" in str(exc)
-        raise bad(str(exc), param, "context_length_exceeded" if too_long else None) from None
-    return stream, len(ids)
+        where = f"prompt {i}: " if len(prompts) > 1 else ""
+        raise bad(where + str(exc), param, "context_length_exceeded" if too_long else None) from None
+    return Prepared(parsed, streams, lengths)
+
+
+def _chat_ids(engine, messages: list[dict], kwargs: dict, *, add_generation_prompt: bool = True,
+              add_special_tokens: bool = False) -> list[int]:
+    """``messages`` rendered with the chat template and tokenized; APIError(400) when the template
+    fails on them."""
+    try:
+        text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    except UsageError as exc:
+        raise bad(str(exc), "messages") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # a template meets odd values
+        raise bad(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
+    return engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _tokenize(engine, parsed: requests.TokenizeRequest) -> list[int]:
+    """vLLM's /tokenize: special tokens added to a prompt, not to rendered messages, by default."""
+    if parsed.messages is not None:
+        return _chat_ids(engine, [m.model_dump(exclude_none=True) for m in parsed.messages],
+                         parsed.chat_template_kwargs, add_generation_prompt=parsed.add_generation_prompt,
+                         add_special_tokens=bool(parsed.add_special_tokens))
+    add = True if parsed.add_special_tokens is None else parsed.add_special_tokens
+    return engine.tokenizer.encode(parsed.prompt, add_special_tokens=add)
 
 
 def _describer(tokenizer) -> Callable[[Any], api.Logprob]:
@@ -262,66 +259,38 @@ def _describer(tokenizer) -> Callable[[Any], api.Logprob]:
     return describe
 
 
-def _server_error(exc: BaseException) -> APIError:
-    message = str(exc) if isinstance(exc, TileinferError) else f"{type(exc).__name__}: {exc}"
-    return APIError(500, message, type="server_error")
+def uvicorn_config(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+                   idle_timeout_s: float = IDLE_TIMEOUT_S, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S):
+    """uvicorn's config for ``app``: h11 with the request-head deadline (``HeadDeadlineH11``: a
+    connection idle ``idle_timeout_s`` is closed), at most ``shutdown_timeout_s`` after a stop
+    signal for the running requests before they are cancelled, and the access log of
+    ``tileinfer.server`` (one line per request, with its tokens and timings) in place of uvicorn's."""
+    import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
-
-async def _events(job: Job, request: Request) -> AsyncIterator[tuple]:
-    """The job's events until it is done; stops (and cancels the job) when the client goes away."""
-    checked = time.monotonic()
-    while True:
-        try:
-            event = await asyncio.wait_for(job.events.get(), _DISCONNECT_CHECK_S)
-        except TimeoutError:
-            event = None
-        if event is None or time.monotonic() - checked > _DISCONNECT_CHECK_S:
-            checked = time.monotonic()
-            if await request.is_disconnected():
-                job.cancelled = True
-                return
-        if event is None:
-            continue
-        yield event
-        if event[0] != "text":
-            return
-
-
-async def _sse(kind: str, rid: str, made: int, model: str, parsed: api.ParsedRequest, job: Job, prompt_tokens: int,
-               request: Request) -> AsyncIterator[str]:
-    usage_field = parsed.include_usage
-
-    def data(obj: dict) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-    offset = 0  # completions' text_offset of the next token
-    try:
-        if kind == "chat":
-            yield data(api.chunk(kind, rid, made, model, role=True, include_usage=usage_field))
-        async for event in _events(job, request):
-            if event[0] == "text":
-                logprobs = api.logprobs_body(kind, event[2], offset)
-                offset += sum(len(e.token) for e in event[2] or ())
-                yield data(api.chunk(kind, rid, made, model, text=event[1], include_usage=usage_field,
-                                     logprobs=logprobs))
-            elif event[0] == "error":
-                yield data(_server_error(event[1]).body())
-                return
-            else:
-                yield data(api.chunk(kind, rid, made, model, finish=event[1], include_usage=usage_field))
-                if usage_field:
-                    yield data(api.chunk(kind, rid, made, model, counts=api.usage(prompt_tokens, event[2]),
-                                         include_usage=True))
-                yield "data: [DONE]\n\n"
-    finally:
-        job.cancelled = True  # the client went away (or all was sent): the worker closes the stream
+    logging_config = copy.deepcopy(LOGGING_CONFIG)
+    logging_config["loggers"]["tileinfer.server"] = {"handlers": ["default"], "level": log_level.upper(),
+                                                     "propagate": False}
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=HeadDeadlineH11, access_log=False,
+                          log_config=logging_config, timeout_keep_alive=idle_timeout_s,
+                          timeout_graceful_shutdown=shutdown_timeout_s, lifespan="on")
 
 
 def serve(engine, *, host: str = "127.0.0.1", port: int = 8000, queue_size: int = 16, api_key: str | None = None,
+          served_model_names: Sequence[str] | None = None, hosts: Sequence[str] | None = None,
           log_level: str = "info") -> None:
-    """Run the server until interrupted (uvicorn handles Ctrl-C)."""
+    """Run the server until interrupted (Ctrl-C or SIGTERM: running requests get
+    ``SHUTDOWN_TIMEOUT_S`` to finish). ``api_key``: as given (the command line resolves
+    --api-key, --api-key-file and TILEINFER_API_KEY with ``server_guard.api_key_of``)."""
     import uvicorn
 
-    api_key = api_key or os.environ.get(API_KEY_ENV) or None
-    app = create_app(engine, queue_size=queue_size, api_key=api_key)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    app = create_app(engine, queue_size=queue_size, api_key=api_key, served_model_names=served_model_names,
+                     host=host, hosts=hosts)
+    try:
+        uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level)).run()
+    except KeyboardInterrupt:  # Ctrl-C twice: uvicorn's forced exit
+        pass
+
+
+__all__ = ["BODY_TIMEOUT_S", "IDLE_TIMEOUT_S", "MAX_BODY_BYTES", "SHUTDOWN_TIMEOUT_S", "api_key_of", "create_app",
+           "serve", "uvicorn_config"]

@@ -1,0 +1,278 @@
+"""The request bodies of ``tileinfer serve``, checked by pydantic models: a body is decoded
+(``decode_json``: JSON, at most ``MAX_DEPTH`` levels deep) and validated by its endpoint's model
+(``validate``), and any problem is an ``APIError(400)`` naming the field in ``param``
+(``messages[0].role``): a wrong type or value, an unknown field (code ``unknown_parameter``), or an
+OpenAI field tileinfer does not implement (``logit_bias``, tools, ``n`` > 1, ...: code
+``unsupported_parameter``) unless it has its no-op value (``n: 1``, ``logit_bias: {}``).
+
+Types are strict (``"1.2"`` is not a number, ``1`` is not a boolean; an integral float such as
+``2.0`` counts as the integer 2) and ``null`` counts as absent, as in OpenAI's API. The sampling
+values' ranges are checked where they are used (``SamplingParams``), which names the field too.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
+
+from tileinfer.openai_api import APIError, bad
+
+MAX_DEPTH = 64  # nesting levels of a request body
+MAX_STOPS = 16
+MAX_LOGPROBS = 20
+MAX_PROMPTS = 64  # prompts in one /v1/completions batch
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_whole), Strict()]
+Number = Annotated[float, Field(allow_inf_nan=False)]
+TopN = Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)]
+
+
+def decode_json(body: bytes) -> Any:
+    """The decoded JSON of a request body; APIError(400) for text that is not JSON (NaN and
+    Infinity included) or that nests deeper than ``MAX_DEPTH``."""
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise bad(f"the request body nests more than {MAX_DEPTH} levels deep") from None
+    except ValueError:  # not JSON, not UTF-8, or a number too long to convert
+        raise bad("the request body is not valid JSON") from None
+    level = [value]
+    for _ in range(MAX_DEPTH):
+        level = [v for item in level if isinstance(item, (dict, list))
+                 for v in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return value
+    raise bad(f"the request body nests more than {MAX_DEPTH} levels deep")
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def validate(model: type[BaseModel], body: Any) -> Any:
+    """``body`` checked into ``model``; APIError(400) naming the first bad field."""
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        param = _param(error["loc"])
+        if error["type"] == "extra_forbidden":
+            raise bad(f"unknown field {param!r}", param, "unknown_parameter") from None
+        if error["type"] == "missing":
+            raise bad(f"{param} is required", param) from None
+        raise bad(f"{param}: {error['msg']}", param) from None
+
+
+def _param(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class _Body(BaseModel):
+    """Strict fields, no unknown ones, ``null`` as absent; ``NOT_IMPLEMENTED`` maps an OpenAI field
+    tileinfer refuses to its accepted no-op values."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_and_unimplemented(cls, body: Any) -> Any:
+        if not isinstance(body, dict):
+            return body
+        body = {k: v for k, v in body.items() if v is not None}
+        for name, neutral in cls.NOT_IMPLEMENTED.items():
+            if name in body:
+                value = body.pop(name)
+                if not any(_same(value, n) for n in neutral):
+                    raise bad(f"{name} is not supported by tileinfer" + (f" (only {neutral[0]!r})" if neutral else ""),
+                              name, "unsupported_parameter")
+        return body
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    if isinstance(value, numbers.Real) and isinstance(neutral, numbers.Real):
+        return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
+    return type(value) is type(neutral) and value == neutral
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class Message(_Body):
+    """A chat message: ``content`` a string or an array of text parts (joined), or absent ("")."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text(cls, content: Any) -> Any:
+        if not isinstance(content, list):
+            return content
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise PydanticCustomError("text_only", 'a content part must be {"type": "text", "text": ...}: '
+                                          "tileinfer takes text only")
+        return "".join(part["text"] for part in content)
+
+
+class _Generation(_Body):
+    """The fields /v1/chat/completions and /v1/completions share."""
+
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {"logit_bias": ({},), "n": (1,)}
+    SAMPLING: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                                           "frequency_penalty", "repetition_penalty")
+
+    model: str | None = None
+    max_tokens: Int | None = Field(None, ge=1)
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: Int | None = Field(None, ge=-1)
+    min_p: Number | None = None
+    seed: Int | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    repetition_penalty: Number | None = None
+    stop: list[str] = Field(default_factory=list, max_length=MAX_STOPS)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None  # OpenAI's end-user id for abuse monitoring: no effect
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_or_many(cls, stop: Any) -> Any:
+        stops = [stop] if isinstance(stop, str) else stop
+        if isinstance(stops, list) and "" in stops:
+            raise PydanticCustomError("empty_stop", "stop strings must not be empty")
+        return stops
+
+    @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and "include_usage" in self.stream_options.model_fields_set \
+                and not self.stream:
+            raise bad("stream_options is only allowed with stream: true", "stream_options")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling(self) -> dict[str, Any]:
+        """The SamplingParams fields the request sets (``top_k: -1`` is off, as vLLM spells it)."""
+        out = {name: getattr(self, name) for name in self.SAMPLING if getattr(self, name) is not None}
+        if out.get("top_k") == -1:
+            out["top_k"] = 0
+        return out
+
+
+class ChatRequest(_Generation):
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {
+        **_Generation.NOT_IMPLEMENTED, "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
+        "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},), "store": (False,),
+        "metadata": ({},), "modalities": (["text"],), "reasoning_effort": (), "service_tier": ("auto", "default"),
+        "prediction": (), "audio": (), "web_search_options": ()}
+    TEMPLATE_RESERVED: ClassVar[frozenset] = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
+
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    logprobs: bool = False
+    top_logprobs: TopN | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise bad("max_tokens and max_completion_tokens differ: give one", "max_completion_tokens")
+        self.max_tokens = self.max_tokens or self.max_completion_tokens
+        if self.top_logprobs and not self.logprobs:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+        reserved = sorted(self.TEMPLATE_RESERVED & set(self.chat_template_kwargs))
+        if reserved:
+            raise bad(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
+        return self
+
+    @property
+    def top_n(self) -> int | None:
+        """Top tokens per position, or None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def template_messages(self) -> list[dict]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class CompletionRequest(_Generation):
+    """``prompt``: a string or token ids, or an array of either (a batch: one choice per prompt)."""
+
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {**_Generation.NOT_IMPLEMENTED, "best_of": (1,), "echo": (False,),
+                                                   "suffix": ("",)}
+
+    prompt: list[str | list[int]] = Field(max_length=MAX_PROMPTS)
+    logprobs: TopN | None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _batch(cls, prompt: Any) -> Any:
+        if isinstance(prompt, str) or _token_ids(prompt):
+            return [prompt]
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _token_ids(p) for p in prompt):
+            return prompt
+        raise PydanticCustomError("prompt", "prompt must be a string, an array of token ids, or an array of either")
+
+    @property
+    def top_n(self) -> int | None:
+        return self.logprobs
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in value)
+
+
+class TokenizeRequest(_Body):
+    """vLLM's /tokenize: a ``prompt``, or chat ``messages`` rendered with the chat template."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (as vLLM)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise bad("give one of prompt and messages", "prompt" if self.messages is None else "messages")
+        reserved = sorted(ChatRequest.TEMPLATE_RESERVED & set(self.chat_template_kwargs))
+        if reserved:
+            raise bad(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[Annotated[Int, Field(ge=0)]]
+
+
+__all__ = ["ChatRequest", "CompletionRequest", "DetokenizeRequest", "MAX_DEPTH", "MAX_LOGPROBS", "MAX_PROMPTS",
+           "MAX_STOPS", "Message", "TokenizeRequest", "decode_json", "validate"]
