@@ -1,7 +1,7 @@
 """tileinfer: single-sequence LLM inference for Qwen3, composed from plugins by a config file.
 
     engine = tileinfer.Engine.from_config(model="path/to/Qwen3-0.6B")
-    print(engine.generate("def fib(n):", max_new_tokens=32).text)
+    print(engine.generate("def fib(n):", tileinfer.SamplingParams(max_tokens=32, stop=["\\n\\n"])).text)
 
 Loading a model without an engine (what the draft and DFlash proposers do):
 ``read_checkpoint(folder)`` reads its config, generation defaults and tokenizer once;
@@ -33,6 +33,10 @@ def __getattr__(name: str):
         from tileinfer import model_loader
 
         return getattr(model_loader, name)
+    if name == "SamplingParams":
+        from tileinfer.sampling_params import SamplingParams
+
+        return SamplingParams
     if name == "ResolvedConfig":
         from tileinfer.resolution import ResolvedConfig
 
@@ -41,5 +45,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["Checkpoint", "Chunk", "Config", "Engine", "Generation", "GenerationStats", "Implementation",
-           "Implementations", "ModelBundle", "Option", "ResolvedConfig", "hookimpl", "hookspec", "load_config",
-           "load_model", "model_folder", "open_weights", "read_checkpoint", "resolve_config", "shipped_model"]
+           "Implementations", "ModelBundle", "Option", "ResolvedConfig", "SamplingParams", "hookimpl", "hookspec",
+           "load_config", "load_model", "model_folder", "open_weights", "read_checkpoint", "resolve_config",
+           "shipped_model"]

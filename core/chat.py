@@ -11,11 +11,36 @@ the history) without ending the session.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from tileinfer.errors import UsageError
 
 HELP = "/reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply"
+ROLES = ("system", "user", "assistant", "tool")
+Messages = Sequence[Mapping[str, object]]  # [{"role": ..., "content": ...}, ...]
+
+
+def check_messages(messages: object) -> list[dict]:
+    """``messages`` as the chat template takes them: a non-empty list of mappings, each with a
+    ``role`` of ``ROLES`` and a ``content`` string (other keys, e.g. ``tool_calls``, passed on);
+    a UsageError naming the first bad one."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise UsageError(f"messages must be a non-empty list of {{'role', 'content'}} mappings, got "
+                         f"{type(messages).__name__}")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise UsageError(f"messages[{i}] must be a mapping with 'role' and 'content', got {type(message).__name__}")
+        if message.get("role") not in ROLES:
+            raise UsageError(f"messages[{i}]: role must be one of {', '.join(ROLES)}, got {message.get('role')!r}")
+        if not isinstance(message.get("content"), str):
+            raise UsageError(f"messages[{i}]: content must be a string, got {type(message.get('content')).__name__}")
+    return [dict(message) for message in messages]
+
+
+def is_conversation_batch(messages: object) -> bool:
+    """Whether ``messages`` is a list of conversations rather than one conversation."""
+    return (isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and bool(messages)
+            and all(isinstance(m, Sequence) and not isinstance(m, (str, bytes)) for m in messages))
 
 
 class ChatSession:

@@ -1,8 +1,12 @@
 """Engine: load a model as the config says, and generate one sequence at a time.
 
-``Engine.stream(prompt)`` yields ``Chunk``s as tokens are committed (their text, when the model
-has a tokenizer) and ends with a chunk carrying the generation's stats; ``generate`` collects a
-stream into one ``Generation``. Decoding itself (prefill, plain, speculative or pipelined steps)
+``Engine.generate(prompts, params)`` answers a prompt (or a list of them, one after the other)
+with a ``Generation``; ``Engine.chat(messages, params)`` renders a conversation with the
+checkpoint's chat template first; ``Engine.stream`` yields ``Chunk``s as tokens are committed (their
+text, when the model has a tokenizer) and ends with a chunk carrying the generation's stats;
+``Engine.stream_async`` is that stream for an event loop. ``params`` is a
+``tileinfer.SamplingParams`` (``tileinfer.sampling_params``); where a generation stops and the text
+it shows is ``tileinfer.stops``; decoding itself (prefill, plain, speculative or pipelined steps)
 is ``tileinfer.decoding``.
 
 Thread safety: an Engine runs one generation at a time. A second ``stream``/``generate`` while one
@@ -14,25 +18,39 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
+from tileinfer.async_stream import async_chunks
+from tileinfer.chat import Messages, check_messages, is_conversation_batch
 from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource, load_config
 from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder, build_decoder
 from tileinfer.errors import UsageError
-from tileinfer.interfaces import Proposer, ProposerContext, SamplingParams
+from tileinfer.interfaces import Proposer, ProposerContext
+from tileinfer.interfaces import SamplingParams as SamplerParams
 from tileinfer.memory import tensor_bytes
 from tileinfer.model_loader import Implementations, load_model
 from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
 from tileinfer.registry import Registry
-from tileinfer.sampling_step import TokenLogprob, check_logprobs
-from tileinfer.threads import cpu_threads
 from tileinfer.resolution import ResolvedConfig, implementation_options, resolve_dtype
+from tileinfer.sampling_params import SamplingParams
+from tileinfer.sampling_step import TokenLogprob, check_logprobs
 from tileinfer.steps import build_forward
-from tileinfer.tokenizer import StreamDecoder
+from tileinfer.stops import Completion
+from tileinfer.threads import cpu_threads
+
+Prompt = str | Sequence[int] | torch.Tensor | np.ndarray  # text, or token ids
+
+
+def is_batch(prompts: object) -> bool:
+    """Whether ``prompts`` is a list of prompts (each a str or a sequence of token ids) rather than
+    one prompt (a str, or a flat sequence of ints)."""
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and all(
+        isinstance(p, (str, list, tuple, np.ndarray, torch.Tensor)) for p in prompts)
 
 
 @dataclass
@@ -45,11 +63,12 @@ class GenerationStats:
     tokens_per_step: float  # new tokens after the first, per step
     drafted_tokens: int  # speculative tokens proposed (0 without a proposer)
     accepted_tokens: int  # of which the target kept
-    finish_reason: str  # "eos" or "length"
+    finish_reason: str  # "eos" (an EOS token), "stop" (a stop string or a token of stop_token_ids) or "length"
     weight_bytes: int  # bytes of the loaded weights (INT8 linears: int8 rows and float32 scales)
     kv_bytes: int  # bytes of the KV pool
     kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
     decode_loop: str = ""  # sequential, pipelined, speculative-sequential or speculative-device (decode_plan.LOOPS)
+    stop_reason: str | int | None = None  # the stop string or stop token that ended it ("stop" only)
 
 
 @dataclass
@@ -61,15 +80,15 @@ class Chunk:
     token_ids: list[int]
     text: str | None
     stats: GenerationStats | None = None
-    logprobs: list[TokenLogprob] | None = None  # one per token, when stream(logprobs=) asked for them
+    logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked for them
 
 
 @dataclass
 class Generation:
-    token_ids: list[int]  # the new tokens (an EOS that ended the generation included)
-    text: str | None  # their text, special tokens skipped (None without a tokenizer)
+    token_ids: list[int]  # the new tokens (the EOS or stop token that ended the generation included)
+    text: str | None  # their text up to the stop (params: skip_special_tokens, include_stop_str_in_output; None without a tokenizer)
     stats: GenerationStats
-    logprobs: list[TokenLogprob] | None = None  # one per token, when generate(logprobs=) asked for them
+    logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked for them
 
     def to_dict(self) -> dict:
         out = {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
@@ -82,7 +101,7 @@ class Engine:
     """A loaded model with its KV store, sampler, (optional) proposer and decoder.
 
     >>> engine = Engine.from_config(model="path/to/Qwen3-0.6B")
-    >>> engine.generate("def fib(n):", max_new_tokens=32).text
+    >>> engine.generate("def fib(n):", SamplingParams(max_tokens=32, stop=["\\n\\n"])).text
 
     ``progress``: when stderr is a terminal, a bar while the layers load and a line while a prompt
     of more than ``prefill_chunk`` tokens is prefilled (``tileinfer.prefill``); False: neither.
@@ -95,6 +114,12 @@ class Engine:
     def __init__(self, config: Config | ResolvedConfig, registry: Registry | None = None, *,
                  progress: bool = True) -> None:
         # Everything a user can get wrong is checked before the weights are read.
+        if not isinstance(config, (Config, ResolvedConfig)):
+            raise UsageError(f"Engine takes a tileinfer.Config (tileinfer.load_config(...)) or a ResolvedConfig, got "
+                             f"{type(config).__name__}: to load a model folder, use Engine.from_config(model=...)")
+        if registry is not None and not isinstance(registry, Registry):
+            raise UsageError(f"registry must be a tileinfer.registry.Registry or None, got {type(registry).__name__}")
+        check_flag("progress", progress)
         if isinstance(config, ResolvedConfig):
             if registry is not None and registry is not config.registry:
                 raise UsageError("a ResolvedConfig is built with the registry it was resolved with: pass no registry")
@@ -118,7 +143,7 @@ class Engine:
         self.weight_bytes = tensor_bytes(self.model.embed, self.model.layers, self.model.lm_head,
                                          exclude=(self.model.rope,))
         self.kv_bytes = tensor_bytes(self.kv)
-        self.default_sampling = SamplingParams(**{key: getattr(config, key) for key in SAMPLING_KEYS})
+        self.default_sampling = SamplerParams(**{key: getattr(config, key) for key in SAMPLING_KEYS})
         self.sampler = self.registry.get("sampler", config.sampler)(
             self.default_sampling, self.device, options=implementation_options(config, "sampler", self.registry))
         self.proposer: Proposer | None = None
@@ -159,82 +184,167 @@ class Engine:
 
     # -- generation ----------------------------------------------------------------------------
 
-    def stream(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-               ignore_eos: bool = False, sampling: SamplingParams | None = None,
-               logprobs: int | None = None) -> Iterator[Chunk]:
-        """Generate from a text prompt (``chat`` wraps it in the chat template) or from token ids,
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, *, chat: bool = False,
+               max_new_tokens: int | None = None, ignore_eos: bool = False,
+               sampling: SamplerParams | None = None, logprobs: int | None = None) -> Iterator[Chunk]:
+        """Generate from one prompt (text; ``chat``: wrapped in the chat template; or token ids),
         yielding a ``Chunk`` per decoding step as its tokens are committed, then a last chunk with
-        the stats. The prompt is checked when this is called; decoding starts at the first
-        ``next()``.
+        the rest of the text and the stats. The prompt and params are checked when this is called;
+        decoding starts at the first ``next()``. Closing the iterator ends the generation.
 
-        Stops at an EOS token of generation_config.json (unless ``ignore_eos``, as benchmarks do)
-        or after ``max_new_tokens`` (default: the config's). ``sampling``: this generation's
-        temperature, top-k, top-p, min-p, seed and penalties (default: the config's). ``logprobs``:
-        each chunk also carries its tokens' ``TokenLogprob`` (the log-softmax of the model's raw
-        logits, before penalties and temperature, as vLLM returns by default) with the ``logprobs``
-        most likely tokens of each position (0 to 20); decoding is then sequential (no pipelining).
+        ``params`` (``tileinfer.SamplingParams``; None: the engine's defaults): sampling, length,
+        stops and logprobs. The generation ends at the first EOS of generation_config.json (unless
+        ``ignore_eos``), token of ``stop_token_ids`` or stop string, or after ``max_tokens``. Logprobs
+        are of the model's raw logits (before penalties and temperature, as vLLM returns them by
+        default); asking for them decodes sequentially (no pipelining).
+
+        The keywords ``max_new_tokens``, ``ignore_eos``, ``logprobs`` and ``sampling`` (a sampler's
+        full ``tileinfer.interfaces.SamplingParams``) are shorthands for fields of ``params``, to be
+        given without it.
         """
-        check_flag("ignore_eos", ignore_eos)
-        logprobs = check_logprobs(logprobs)
-        if sampling is not None and not isinstance(sampling, SamplingParams):
-            raise UsageError(f"sampling must be a tileinfer.interfaces.SamplingParams, got {type(sampling).__name__}")
-        ids = prompt_ids(prompt, chat, self.tokenizer, self.folder)
-        max_new = max_new_tokens_of(max_new_tokens, self.config.max_new_tokens)
-        mc = self.model_config
-        check_ids(ids, max_new, vocab=mc.vocab_size, capacity=self.capacity,
-                  draft=self.config.spec_k if self.proposer else 0, max_positions=mc.max_positions)
-        return self._stream(ids, max_new, () if ignore_eos else mc.eos_token_ids, sampling or self.default_sampling,
-                            logprobs)
+        params = self._params(params, max_new_tokens, ignore_eos, sampling, logprobs)
+        return self._stream(self._prompt_ids(prompt, chat, params), params)
 
-    def _stream(self, ids: list[int], max_new: int, eos: tuple[int, ...], sampling: SamplingParams,
-                logprobs: int | None = None) -> Iterator[Chunk]:
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None, *,
+                 chat: bool = False, max_new_tokens: int | None = None, ignore_eos: bool = False,
+                 sampling: SamplerParams | None = None, logprobs: int | None = None) -> Generation | list[Generation]:
+        """``stream`` collected: the new tokens, their text and stats (and each token's
+        ``TokenLogprob`` when ``params.logprobs`` asks for them).
+
+        A str or a flat sequence of ints is one prompt, answered with one ``Generation``; a list of
+        prompts (strs or token-id lists) is answered with a list, one per prompt in order,
+        generated one after the other. Every prompt of a list is checked before the first runs."""
+        params = self._params(params, max_new_tokens, ignore_eos, sampling, logprobs)
+        if not is_batch(prompts):
+            return self._collect(self._stream(self._prompt_ids(prompts, chat, params), params))
+        batch = [self._prompt_ids(prompt, chat, params) for prompt in prompts]
+        return [self._collect(self._stream(ids, params)) for ids in batch]
+
+    def chat(self, messages: Messages | Sequence[Messages],
+             params: SamplingParams | None = None) -> Generation | list[Generation]:
+        """The assistant's reply to ``messages`` (``[{"role": "system" | "user" | "assistant" |
+        "tool", "content": str}, ...]``), rendered with the checkpoint's chat template; a list of
+        conversations is answered with a list of replies, in order."""
+        params = self._params(params, None, False, None, None)
+        batch = is_conversation_batch(messages)
+        ids = [self._prompt_ids(self._chat_ids(m), False, params) for m in (messages if batch else [messages])]
+        replies = [self._collect(self._stream(one, params)) for one in ids]
+        return replies if batch else replies[0]
+
+    def stream_async(self, prompt: Prompt, params: SamplingParams | None = None, *,
+                     chat: bool = False) -> AsyncIterator[Chunk]:
+        """``stream`` for an event loop: ``async for chunk in engine.stream_async(...)``. The
+        generation runs in a worker thread, so the loop is never blocked; checks raise here. Closing
+        the iterator (``contextlib.aclosing``, or cancelling the task reading it) stops the generation
+        at its next step and frees the engine."""
+        return async_chunks(self.stream(prompt, params, chat=chat))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _params(self, params: SamplingParams | None, max_new_tokens: object, ignore_eos: object,
+                sampling: object, logprobs: object) -> SamplingParams:
+        """``params``, or the one the shorthand keywords make (UsageError when both are given)."""
+        check_flag("ignore_eos", ignore_eos)
+        shorthand: dict = {"ignore_eos": True} if ignore_eos else {}
+        if max_new_tokens is not None:
+            shorthand["max_tokens"] = max_new_tokens_of(max_new_tokens, self.config.max_new_tokens)
+        if logprobs is not None:
+            shorthand["logprobs"] = check_logprobs(logprobs)
+        if sampling is not None:
+            if not isinstance(sampling, SamplerParams):
+                hint = " (a tileinfer.SamplingParams is params, not sampling)" if isinstance(sampling, SamplingParams) \
+                    else ""
+                raise UsageError(f"sampling must be a tileinfer.interfaces.SamplingParams, got "
+                                 f"{type(sampling).__name__}{hint}")
+            shorthand.update({key: getattr(sampling, key) for key in SAMPLING_KEYS})
+        if params is None:
+            return SamplingParams(**shorthand)
+        if not isinstance(params, SamplingParams):
+            raise UsageError(f"params must be a tileinfer.SamplingParams, got {type(params).__name__}")
+        if shorthand:
+            raise UsageError("give max_new_tokens, ignore_eos, logprobs and sampling as fields of params "
+                             "(max_tokens, ...), not beside it")
+        return params
+
+    def _prompt_ids(self, prompt: Prompt, chat: bool, params: SamplingParams) -> list[int]:
+        """The prompt's token ids, checked with ``params`` against the vocabulary and the context."""
+        ids = prompt_ids(prompt, chat, self.tokenizer, self.folder)
+        mc = self.model_config
+        check_ids(ids, params.max_tokens or self.config.max_new_tokens, vocab=mc.vocab_size, capacity=self.capacity,
+                  draft=self.config.spec_k if self.proposer else 0, max_positions=mc.max_positions)
+        outside = [t for t in params.stop_token_ids if t >= mc.vocab_size]
+        if outside:
+            raise UsageError(f"stop_token_ids: {outside[0]} is outside the vocabulary [0, {mc.vocab_size})")
+        if params.stop and self.tokenizer is None:
+            raise UsageError(f"stop strings need a tokenizer ({self.folder} has no tokenizer.json): use stop_token_ids")
+        return ids
+
+    def _chat_ids(self, messages: Messages) -> list[int]:
+        if self.tokenizer is None:
+            raise UsageError(f"chat needs a tokenizer ({self.folder} has no tokenizer.json)")
+        text = self.tokenizer.apply_chat_template(check_messages(messages), add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _stream(self, ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):
             raise UsageError("this Engine is already generating (it runs one sequence at a time): finish or close "
                              "the other stream first, or use one Engine per thread")
         try:
-            self.sampler.params = sampling
-            text = StreamDecoder(self.tokenizer) if self.tokenizer else None
+            self.sampler.params = params.resolved(self.default_sampling)
+            completion = Completion(params, self.model_config.eos_token_ids, self.tokenizer)
+            # Before min_tokens the decoder must not stop at a stop token: the completion ends it.
+            stops = () if params.min_tokens else completion.stop_tokens
             out: list[int] = []
             start = time.perf_counter()
-            for tokens in self.decoder.run(ids, max_new, eos, logprobs):
-                out += tokens
-                yield Chunk(tokens, "".join(text.push(t) for t in tokens) if text else None,
-                            logprobs=self.decoder.logprobs if logprobs is not None else None)
+            run = self.decoder.run(ids, params.max_tokens or self.config.max_new_tokens, stops, params.logprobs)
+            try:
+                for tokens in run:
+                    kept, text, done = completion.take(tokens)
+                    out += kept
+                    yield Chunk(kept, text, logprobs=self.decoder.logprobs[:len(kept)]
+                                if params.logprobs is not None else None)
+                    if done:
+                        break
+            finally:
+                run.close()
             end = time.perf_counter()
-            counters = self.decoder.counters
-            decode_s = end - counters.first_token_time
-            stats = GenerationStats(
-                prompt_tokens=len(ids),
-                new_tokens=len(out),
-                prefill_ms=(counters.first_token_time - start) * 1e3,
-                decode_tok_s=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0,
-                steps=counters.steps,
-                tokens_per_step=(len(out) - 1) / counters.steps if counters.steps else 0.0,
-                drafted_tokens=counters.drafted,
-                accepted_tokens=counters.accepted,
-                finish_reason="eos" if out[-1] in eos else "length",
-                weight_bytes=self.weight_bytes,
-                kv_bytes=self.kv_bytes,
-                kv_capacity=self.capacity,
-                decode_loop=counters.loop,
-            )
-            yield Chunk([], text.flush() if text else None, stats)
+            rest = completion.finish()
+            yield Chunk([], rest, self._stats(len(ids), out, start, end, completion))
         finally:
             self._busy.release()
 
-    def generate(self, prompt: str | Sequence[int], *, max_new_tokens: int | None = None, chat: bool = False,
-                 ignore_eos: bool = False, sampling: SamplingParams | None = None,
-                 logprobs: int | None = None) -> Generation:
-        """``stream`` collected: the new tokens, their text (special tokens skipped), the stats, and
-        with ``logprobs`` each token's ``TokenLogprob``."""
+    def _stats(self, prompt_tokens: int, out: list[int], start: float, end: float,
+               completion: Completion) -> GenerationStats:
+        counters = self.decoder.counters
+        decode_s = end - counters.first_token_time
+        return GenerationStats(
+            prompt_tokens=prompt_tokens,
+            new_tokens=len(out),
+            prefill_ms=(counters.first_token_time - start) * 1e3,
+            decode_tok_s=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else 0.0,
+            steps=counters.steps,
+            tokens_per_step=(len(out) - 1) / counters.steps if counters.steps else 0.0,
+            drafted_tokens=counters.drafted,
+            accepted_tokens=counters.accepted,
+            finish_reason=completion.finish_reason,
+            weight_bytes=self.weight_bytes,
+            kv_bytes=self.kv_bytes,
+            kv_capacity=self.capacity,
+            decode_loop=counters.loop,
+            stop_reason=completion.stop_reason,
+        )
+
+    @staticmethod
+    def _collect(stream: Iterator[Chunk]) -> Generation:
         out: list[int] = []
+        pieces: list[str] = []
         stats = None
-        lps: list[TokenLogprob] | None = [] if logprobs is not None else None
-        for chunk in self.stream(prompt, max_new_tokens=max_new_tokens, chat=chat, ignore_eos=ignore_eos,
-                                 sampling=sampling, logprobs=logprobs):
+        lps: list[TokenLogprob] | None = None
+        for chunk in stream:
             out += chunk.token_ids
             stats = chunk.stats or stats
-            if lps is not None and chunk.logprobs:
-                lps += chunk.logprobs
-        text = self.tokenizer.decode(out) if self.tokenizer else None
-        return Generation(out, text, stats, lps)
+            if chunk.text is not None:
+                pieces.append(chunk.text)
+            if chunk.logprobs is not None:
+                lps = (lps or []) + chunk.logprobs
+        return Generation(out, "".join(pieces) if pieces else None, stats, lps)

@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.decoders import DecodeStream
 
 from tileinfer.errors import CheckpointError, UsageError
 from tileinfer.model_config import one_line, read_json
@@ -75,39 +76,34 @@ class Tokenizer:
         except jinja2.TemplateError as exc:
             raise UsageError(f"chat template failed: {exc}") from None
 
+    def stream(self, *, skip_special_tokens: bool = True) -> "StreamDecoder":
+        """A decoder of a generation's text, piece by piece as its tokens come."""
+        return StreamDecoder(self, skip_special_tokens=skip_special_tokens)
+
 
 class StreamDecoder:
-    """Turns a growing list of token ids into text pieces, holding back an incomplete UTF-8 tail;
-    the pieces and :meth:`flush` add up to ``tokenizer.decode(ids)``.
+    """Turns a growing list of token ids into text pieces with tokenizers' ``DecodeStream`` (which
+    holds back an incomplete UTF-8 tail and keeps the left context a decoder needs, such as
+    SentencePiece's leading space; a token costs the same however long the generation is). The
+    pieces and :meth:`flush` add up to ``tokenizer.decode(ids, skip_special_tokens=...)``."""
 
-    Each push decodes a short window, not the whole list: the ids from the start of the last piece
-    emitted (left context, for decoders whose text of a token depends on the one before, such as
-    SentencePiece's leading space) to the end, less the text of that piece. A token costs the same
-    however long the generation is."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True) -> None:
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.ids: list[int] = []
-        self.start = 0  # the window's first id: the last piece's first token
-        self.read = 0  # ids before this one are in the text emitted
-        self.context = ""  # decode(ids[start:read]), the part of the window already emitted
+        self.emitted = 0  # characters emitted so far
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids[self.start:])
-        if text.endswith("\ufffd") or len(text) <= len(self.context):
-            return ""
-        piece = text[len(self.context):]
-        self.start, self.read = self.read, len(self.ids)
-        self.context = self.tokenizer.decode(self.ids[self.start:self.read])
+        piece = self._stream.step(self.tokenizer._tok, token) or ""
+        self.emitted += len(piece)
         return piece
 
     def flush(self) -> str:
-        """What is left at the end, an incomplete character included (as its replacement)."""
-        text = self.tokenizer.decode(self.ids[self.start:])
-        piece = text[len(self.context):]
-        self.start = self.read = len(self.ids)
-        self.context = ""
+        """What is left at the end, an incomplete character included (as its replacement): the
+        whole decode past the pieces emitted (one decode of every id, once per generation)."""
+        piece = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)[self.emitted:]
+        self.emitted += len(piece)
         return piece
 
 

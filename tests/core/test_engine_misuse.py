@@ -37,7 +37,8 @@ def engine(tiny_checkpoint):
     ([1.0, 2.0], "token ids must be ints, got float 1.0 at index 0"),
     ([1, 2.5], "got float 2.5 at index 1"),
     ([1, True], "got bool True at index 1"),
-    (["def", "f"], "got str 'def' at index 0 \\(pass text as one str\\)"),
+    ([1, "f"], "got str 'f' at index 1 \\(pass text as one str\\)"),
+    (["def", [1, 2.5]], "got float 2.5 at index 1"),  # a batch: every prompt checked before the first runs
     (torch.tensor([[1, 2, 3]]), "a tensor prompt must be 1-D integer token ids, got shape \\(1, 3\\)"),
     (torch.tensor([1.0, 2.0]), "got shape \\(2,\\) torch.float32"),
     (42, "the prompt must be a str or a sequence of int token ids, got int"),

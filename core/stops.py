@@ -1,0 +1,116 @@
+"""Where a generation stops, and the text it shows: one implementation for the Python API, the
+command line and the server.
+
+``Completion`` takes a generation's tokens as the decoder commits them and returns what the caller
+gets: the tokens up to the first stop (an EOS unless ``ignore_eos``, a token of
+``stop_token_ids``, or a stop string completed by that token), and their text, piece by piece
+(``tileinfer.tokenizer.StreamDecoder``). Text that could be the start of a stop string is held back
+until a later token tells, so a stream never shows part of a stop string that then completes. The
+first ``min_tokens`` tokens never end the generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from tileinfer.sampling_params import SamplingParams
+from tileinfer.tokenizer import Tokenizer
+
+
+class StopStrings:
+    """Finds the first of ``stops`` in text given piece by piece, matched across the pieces."""
+
+    def __init__(self, stops: Sequence[str], *, include: bool = False) -> None:
+        self.stops, self.include = tuple(stops), include
+        self.held = ""  # the end of the text so far that is the start of a stop string
+
+    def push(self, text: str, *, armed: bool = True) -> tuple[str, str | None]:
+        """The text that may be shown now, and the stop string found (None: none). After a find the
+        text ends right before the stop string (``include``: right after it) and nothing more may be
+        pushed. ``armed`` False: a stop string found is not a stop (text before ``min_tokens``)."""
+        buffer = self.held + text
+        if not self.stops:
+            return buffer, None
+        if armed:
+            hits = [(at, len(stop), stop) for stop in self.stops if (at := buffer.find(stop)) >= 0]
+            if hits:
+                at, length, stop = min(hits)
+                self.held = ""
+                return buffer[:at + length if self.include else at], stop
+        keep = max((n for stop in self.stops for n in range(min(len(stop) - 1, len(buffer)), 0, -1)
+                    if buffer.endswith(stop[:n])), default=0)
+        self.held = buffer[len(buffer) - keep:] if keep else ""
+        return buffer[:len(buffer) - keep], None
+
+    def flush(self) -> str:
+        """What was held back, at the end of a generation that no stop string ended."""
+        held, self.held = self.held, ""
+        return held
+
+
+class Completion:
+    """One generation's output as the caller sees it, built token by token.
+
+    ``eos``: the checkpoint's EOS tokens (ignored with ``params.ignore_eos``); ``tokenizer``: None
+    for a checkpoint without one (no text; stop strings are then refused by the engine). After
+    ``take`` returns ``done`` True, ``finish_reason`` is ``"eos"`` (an EOS token), ``"stop"`` (a
+    stop string or a token of ``stop_token_ids``; ``stop_reason`` says which) and the caller stops
+    feeding it; a generation the decoder ended is ``"length"``."""
+
+    def __init__(self, params: SamplingParams, eos: Collection[int], tokenizer: Tokenizer | None) -> None:
+        self.eos = frozenset(() if params.ignore_eos else eos)
+        self.stop_ids = frozenset(params.stop_token_ids)
+        self.min_tokens, self.include = params.min_tokens, params.include_stop_str_in_output
+        self.text = tokenizer.stream(skip_special_tokens=params.skip_special_tokens) if tokenizer else None
+        self.stops = StopStrings(params.stop, include=self.include)
+        self.count = 0  # tokens taken
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+
+    @property
+    def stop_tokens(self) -> frozenset[int]:
+        """The tokens that end the generation once ``min_tokens`` were generated."""
+        return self.eos | self.stop_ids
+
+    def take(self, tokens: Sequence[int]) -> tuple[list[int], str | None, bool]:
+        """The ``tokens`` kept (up to the stop), the text that may be shown now (None without a
+        tokenizer), and whether the generation is over."""
+        kept: list[int] = []
+        pieces: list[str] = []
+        for token in tokens:
+            kept.append(token)
+            armed = self.count >= self.min_tokens
+            self.count += 1
+            if armed and token in self.stop_tokens:
+                self.finish_reason = "eos" if token in self.eos else "stop"
+                self.stop_reason = None if token in self.eos else token
+                if self.include and self.text is not None:
+                    pieces.append(self.stops.push(self.text.push(token), armed=False)[0])
+                break
+            if self.text is None:
+                continue
+            shown, stop = self.stops.push(self.text.push(token), armed=armed)
+            pieces.append(shown)
+            if stop is not None:
+                self.finish_reason, self.stop_reason = "stop", stop
+                break
+        return kept, "".join(pieces) if self.text is not None else None, self.finish_reason is not None
+
+    def finish(self) -> str | None:
+        """The text left at the end (an incomplete character as its replacement, text held back
+        for a stop string that never came); sets ``finish_reason`` to ``"length"`` if no stop
+        ended the generation."""
+        if self.text is None:
+            self.finish_reason = self.finish_reason or "length"
+            return None
+        if self.finish_reason == "stop" and isinstance(self.stop_reason, str):
+            return ""
+        shown, stop = self.stops.push(self.text.flush(), armed=self.count > self.min_tokens)
+        if stop is not None:
+            self.finish_reason, self.stop_reason = "stop", stop
+            return shown
+        self.finish_reason = self.finish_reason or "length"
+        return shown + self.stops.flush()
+
+
+__all__ = ["Completion", "StopStrings"]
