@@ -43,6 +43,8 @@ VARIANTS: dict[str, list[str]] = {
     "int8-kv": ["kv_store=paged_int8"],  # INT8 KV cache
     "int8-int8-kv": ["quantize=int8", "kv_store=paged_int8"],  # both: the INT8 KV target with INT8 weights
     "ngram": ["proposer=ngram"],  # n-gram speculative decoding
+    "persistent": ["forward=persistent"],  # decode and verify steps as one persistent kernel
+    "int8-persistent": ["quantize=int8", "forward=persistent"],
 }
 QUANTIZED = ("int8", "int8-kv", "int8-int8-kv")  # the variants the summary table lists next to the default
 

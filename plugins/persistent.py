@@ -89,8 +89,6 @@ class PersistentForward(ForwardPass):
         formats = {(lin.weight.dtype, lin.scale is None) for lin in linears}
         if len(formats) > 1:
             return "the layers' linears store their weights in different formats"
-        if not interpreted(model.device) and model.dtype == torch.float32:
-            return "float32 models run the per-op step on a GPU (its tiles are sized for 16-bit weights)"
         return None
 
     def _shape(self, model: Qwen3Model) -> StepShape:

@@ -53,7 +53,7 @@ def test_plugins_lists_every_interface_with_its_provider(capsys):
     assert set(found) == {("linear", "reference"), ("linear", "triton"), ("attention", "reference"),
                           ("attention", "triton"), ("kv_store", "paged"), ("kv_store", "paged_int8"),
                           ("sampler", "reference"), ("proposer", "ngram"), ("proposer", "draft"),
-                          ("proposer", "dflash"), ("forward", "per_op")} | {
+                          ("proposer", "dflash"), ("forward", "per_op"), ("forward", "persistent")} | {
                           k for k in found if k[1] == "argmin"}
     assert found[("proposer", "ngram")]["plugin"] == "tileinfer.plugins.ngram"
     assert listing["failures"] == []

@@ -81,20 +81,21 @@ def test_a_plugin_whose_hook_fails_is_named_and_the_others_still_load():
 
 
 def test_the_forward_pass_is_a_kind_like_the_others(tiny_checkpoint):
-    """``forward`` (how a forward pass of T tokens runs) names a registered ForwardPass; per_op,
-    built in, is the default."""
+    """``forward`` (how a forward pass of T tokens runs) names a registered ForwardPass; per_op and
+    persistent are built in, per_op is the default."""
     from tileinfer.config import load_config
     from tileinfer.interfaces import ForwardPass
     from tileinfer.plugins.per_op import PerOpForward
 
     registry = build_registry(plugin_manager(entry_points=False))
-    assert registry.names("forward") == ["per_op"] and registry.get("forward", "per_op") is PerOpForward
+    assert registry.names("forward") == ["per_op", "persistent"]
+    assert registry.get("forward", "per_op") is PerOpForward
     assert registry.entry("forward", "per_op").plugin == "tileinfer.plugins.per_op"
     assert issubclass(PerOpForward, ForwardPass) and load_config().forward == "per_op"
-    with pytest.raises(ConfigError, match="forward=persistent: no plugin registered that name; valid: per_op$"):
-        registry.get("forward", "persistent")
-    with pytest.raises(ConfigError, match="forward=persistent: no plugin registered that name"):
-        tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", forward="persistent",
+    with pytest.raises(ConfigError, match="forward=fused: no plugin registered that name; valid: per_op, persistent$"):
+        registry.get("forward", "fused")
+    with pytest.raises(ConfigError, match="forward=fused: no plugin registered that name"):
+        tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", forward="fused",
                                      progress=False)
     disguised = _Plugin([tileinfer.Implementation("forward", "sampler_in_disguise",
                                                   "tileinfer.plugins.reference.sampler:ReferenceSampler")])

@@ -1,0 +1,154 @@
+"""``forward=persistent`` against its twin, the per-op step (``forward=per_op``).
+
+On a CPU the kernel runs in the Triton interpreter with one program taking every work item in
+order (each counter already at its target when checked), float32. Its GEMV tiles reduce through
+``tl.dot`` over 16-row tiles and its attention over fixed chunks of positions, where the per-op
+step reduces in other orders (float32 rounding: logits and pages agree to 2e-5 here, a few
+ulps of their magnitude). Its rows are batch-invariant: a token's logits and keys are the same
+bits in a 1-token step and in a step of several tokens. What it does not cover runs the per-op
+step, with one notice. The checkpoint's hidden size (96) and intermediate size (160) are not
+multiples of the tiles (64); the context (140 positions) spans three 64-position chunks over two
+splits, so a split takes two chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import tileinfer
+from tileinfer.errors import ConfigError
+from tileinfer.interfaces import Step
+from tileinfer.model import stack_forward
+from tileinfer.plugins.paged_kv import PagedInt8KVStore
+from tileinfer.plugins.per_op import PerOpForward
+from tileinfer.plugins.persistent import PersistentForward
+
+OPTIONS = {"num_splits": 2, "chunk": 64, "block_n": "64,64,64,64,64", "block_k": 64}
+CKPT = dict(tokenizer=False, hidden=96, intermediate=160, layers=2, seed=3)
+CONTEXT = 140
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's tests (CPU tensors); on a GPU: "
+                                "test_persistent_gpu.py")
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def build(folder, **keys) -> tileinfer.Engine:
+    return tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32",
+                                        kv_page_size=16, progress=False, **keys)
+
+
+class Case:
+    """An engine with CONTEXT positions prefilled by the per-op step, and the pages to restore."""
+
+    def __init__(self, folder, **keys) -> None:
+        self.engine = build(folder, **keys)
+        self.model, self.kv = self.engine.model, self.engine.kv
+        self.ids = torch.randint(0, 320, (CONTEXT + 16,), generator=torch.Generator().manual_seed(7))
+        self.kv.reset()
+        self.kv.reserve(CONTEXT)
+        stack_forward(self.model, self.ids[:CONTEXT], Step.at(0, CONTEXT, self.model.device), self.kv)
+        self.pages = (self.kv.k.clone(), self.kv.v.clone())
+        self.per_op = PerOpForward(self.model)
+        self.persistent = PersistentForward(self.model, options=OPTIONS)
+
+    def step(self, forward, start: int, t: int, **kw):
+        """One step of ``t`` tokens after ``start`` positions (pages as after the prefill before
+        ``start``... the ones a previous call of this case wrote stay)."""
+        self.kv.truncate(start)
+        self.kv.reserve(start + t)
+        return forward(self.ids[start:start + t], Step.at(start, t, self.model.device), self.kv, **kw)
+
+    def restore(self) -> None:
+        self.kv.k.copy_(self.pages[0])
+        self.kv.v.copy_(self.pages[1])
+
+
+@pytest.fixture(scope="module")
+def case(checkpoint_factory):
+    return Case(checkpoint_factory(**CKPT))
+
+
+def test_step_matches_the_per_op_step_from_poisoned_buffers(case):
+    t = 3
+    ref, ref_hidden = case.step(case.per_op, CONTEXT, t, capture=(0,))
+    ref_pages = case.kv.k.clone(), case.kv.v.clone()
+    case.restore()
+    _, bufs = case.persistent._bind(case.kv)
+    bufs.poison()
+    out, hidden = case.step(case.persistent, CONTEXT, t, capture=(0,))
+    assert out.shape == ref.shape == (t, 320) and not out.isnan().any()
+    torch.testing.assert_close(out, ref, **TOL)
+    torch.testing.assert_close(hidden[0], ref_hidden[0], **TOL)
+    for new, old in zip((case.kv.k, case.kv.v), ref_pages):
+        torch.testing.assert_close(new, old, **TOL)
+    assert torch.equal(case.kv.k[:, :, :, :CONTEXT % 16], case.pages[0][:, :, :, :CONTEXT % 16])  # nothing else moved
+    assert not bufs.counters.any(), "the counters are zero again for the next launch"
+
+
+def test_rows_are_the_same_bits_in_one_step_or_several(case):
+    case.restore()
+    together, _ = case.step(case.persistent, CONTEXT, 2)
+    together, pages = together.clone(), case.kv.k.clone()
+    case.restore()
+    first, _ = case.step(case.persistent, CONTEXT, 1)
+    first = first.clone()
+    second, _ = case.step(case.persistent, CONTEXT + 1, 1)
+    assert torch.equal(together[0], first[0]) and torch.equal(together[1], second[0])
+    assert torch.equal(case.kv.k, pages)
+
+
+def test_last_only_and_no_logits(case):
+    ref, _ = case.step(case.per_op, CONTEXT, 2, last_only=True)
+    case.restore()
+    last, _ = case.step(case.persistent, CONTEXT, 2, last_only=True)
+    assert last.shape == (1, 320)
+    torch.testing.assert_close(last, ref, **TOL)
+    case.restore()
+    none, hidden = case.step(case.persistent, CONTEXT, 2, logits=False, capture=(1,))
+    assert none is None and hidden[1].shape == (2, 96)
+
+
+def test_int8_weights_match_the_per_op_step(checkpoint_factory):
+    c = Case(checkpoint_factory(**CKPT), quantize="int8")
+    ref, _ = c.step(c.per_op, CONTEXT, 2)
+    c.restore()
+    out, _ = c.step(c.persistent, CONTEXT, 2)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_what_it_does_not_cover_runs_the_per_op_step_with_one_notice(case, caplog):
+    kv = PagedInt8KVStore(case.kv.geometry, case.kv.device)
+    kv.reserve(4)
+    ids = case.ids[:4]
+    with caplog.at_level(logging.WARNING, logger="tileinfer"):
+        for _ in range(2):
+            out, _ = case.persistent(ids[:1], Step.at(3, 1, case.model.device), kv)
+    assert [r.getMessage() for r in caplog.records] == [
+        "forward=persistent: KV pages stored as int8 are not covered yet; those steps run the per-op step"]
+    ref, _ = case.per_op(ids[:1], Step.at(3, 1, case.model.device), kv)
+    assert torch.equal(out, ref)
+    block = Step.at(0, 2, case.model.device, causal=False)
+    case.kv.reset()
+    case.kv.reserve(2)
+    out, _ = case.persistent(ids[:2], block, case.kv)
+    ref, _ = case.per_op(ids[:2], block, case.kv)
+    assert torch.equal(out, ref)
+
+
+def test_a_stack_that_is_not_qwen3_is_named(case, caplog):
+    with caplog.at_level(logging.WARNING, logger="tileinfer"):
+        fwd = PersistentForward(type("Block", (), {"device": torch.device("cpu")})(), options=OPTIONS)
+    assert fwd.reason == "it runs Qwen3 decoder stacks, not Block"
+    assert "not Block; those steps run the per-op step" in caplog.text
+
+
+@pytest.mark.parametrize("bad, words", [({"block_n": "64,64"}, "five powers of two"),
+                                        ({"block_n": "64,64,48,64,64"}, "five powers of two"),
+                                        ({"block_k": 96}, "block_k=96"), ({"chunk": 96}, "chunk=96")])
+def test_bad_options_are_refused_at_load(checkpoint_factory, bad, words):
+    overrides = ["forward=persistent", *(f"options.persistent.{k}={v}" for k, v in bad.items())]
+    with pytest.raises(ConfigError, match=words):
+        tileinfer.Engine.from_config("reference", overrides=overrides, model=str(checkpoint_factory(**CKPT)),
+                                     device="cpu", progress=False)

@@ -1,0 +1,119 @@
+"""``forward=persistent`` on a GPU in bfloat16, the default config (CUDA graphs, the Triton linear
+and attention around it): against its twin the per-op step, rows that are the same bits in a
+1-token and a 16-token step, and speculative greedy decoding that gives plain greedy's tokens,
+token for token, for every proposer and several k, with BF16 and INT8 weights.
+
+Shapes: an odd tiny target (7 layers, hidden 96, GQA 4 / 2 heads of 32, the DFlash tests' layer
+count) and the Qwen3-0.6B shape with random weights (bench/shapes.py). The per-op step reduces in
+other orders (the 1-token GEMV on CUDA cores, attention splits sized by the context), so logits
+agree to a bound, stated in ``close``; ``pytest -s`` prints the measured differences.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tileinfer
+from conftest import repetitive_prompt
+from dflash_checkpoints import make_dflash
+from tileinfer.interfaces import Step
+from tileinfer.model import stack_forward
+from tileinfer.plugins.per_op import PerOpForward
+from tileinfer.plugins.persistent import PersistentForward
+
+pytestmark = pytest.mark.gpu
+TARGET = dict(layers=7, hidden=96, heads=4, kv_heads=2, head_dim=32, intermediate=160, vocab=320, tie=True,
+              tokenizer=False, std=0.2)
+CONTEXT = 1000
+
+
+def build(folder, **keys) -> tileinfer.Engine:
+    return tileinfer.Engine.from_config(model=str(folder), device="cuda", dtype="bfloat16", progress=False, **keys)
+
+
+@pytest.fixture(scope="module")
+def qwen3_06b(tmp_path_factory):
+    from bench.shapes import write_random_checkpoint
+    return write_random_checkpoint("Qwen3-0.6B", tmp_path_factory.mktemp("q06b"))
+
+
+@pytest.fixture(scope="module", params=["tiny", "Qwen3-0.6B"])
+def folder(request, checkpoint_factory):
+    return checkpoint_factory(**TARGET) if request.param == "tiny" else request.getfixturevalue("qwen3_06b")
+
+
+def steps(engine, t: int, forward) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of one step of ``t`` tokens after CONTEXT positions, and the layer-0 keys after it."""
+    m, kv = engine.model, engine.kv
+    ids = torch.randint(0, m.config.vocab_size, (CONTEXT + t,), generator=torch.Generator().manual_seed(3)).cuda()
+    kv.reset()
+    kv.reserve(CONTEXT + t)
+    stack_forward(m, ids[:CONTEXT], Step.at(0, CONTEXT, m.device), kv)
+    logits, _ = forward(ids[CONTEXT:], Step.at(CONTEXT, t, m.device), kv)
+    return logits.clone(), kv.k[0].clone()
+
+
+def close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """bf16 logits of two reduction orders: within 3 % of the largest logit, and the same argmax on
+    at least 90 % of the rows."""
+    diff = (out - ref).abs().max().item() / ref.abs().max().item()
+    same = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    print(f"max |diff| / max |logit| {diff:.2e}, same argmax {same:.2f}")
+    assert diff < 0.03 and same >= 0.9
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_steps_agree_with_the_per_op_step(folder, quantize):
+    e = build(folder, quantize=quantize)
+    per_op, persistent = PerOpForward(e.model), PersistentForward(e.model)
+    for t in (1, 16):
+        ref, _ = steps(e, t, per_op)
+        out, _ = steps(e, t, persistent)
+        close(out, ref)
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize):
+    e = build(folder, quantize=quantize)
+    fwd, m, kv = PersistentForward(e.model), e.model, e.kv
+    together, keys = steps(e, 16, fwd)
+    ids = torch.randint(0, m.config.vocab_size, (CONTEXT + 16,), generator=torch.Generator().manual_seed(3)).cuda()
+    for i in range(16):
+        kv.truncate(CONTEXT + i)
+        kv.reserve(CONTEXT + i + 1)
+        alone, _ = fwd(ids[CONTEXT + i:CONTEXT + i + 1], Step.at(CONTEXT + i, 1, m.device), kv)
+        assert torch.equal(alone[0], together[i]), f"row {i}"
+    assert torch.equal(kv.k[0], keys)
+
+
+PROPOSERS = [("ngram", 1), ("ngram", 3), ("ngram", 7), ("ngram", 15), ("draft", 2), ("draft", 5), ("dflash", 7),
+             ("dflash", 15)]
+
+
+@pytest.fixture(scope="module")
+def tiny_case(checkpoint_factory, tmp_path_factory):
+    target = checkpoint_factory(**TARGET)
+    drafts = {"draft": checkpoint_factory(**{**TARGET, "seed": 1, "layers": 2}),
+              "dflash": make_dflash(tmp_path_factory.mktemp("dflash") / "d", mask=5, max_positions=1024, block=16)}
+    return target, drafts
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+@pytest.mark.parametrize("proposer, k", PROPOSERS)
+def test_speculative_greedy_gives_plain_greedy_tokens(tiny_case, proposer, k, quantize):
+    target, drafts = tiny_case
+    prompt = repetitive_prompt()
+    plain = build(target, forward="persistent", quantize=quantize).generate(prompt, max_new_tokens=64).token_ids
+    options = {proposer: {"model": str(drafts[proposer])}} if proposer in drafts else {}
+    spec = build(target, forward="persistent", quantize=quantize, proposer=proposer, spec_k=k, options=options)
+    assert spec.generate(prompt, max_new_tokens=64).token_ids == plain
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_speculative_greedy_gives_plain_greedy_tokens_at_the_qwen3_shape(qwen3_06b, quantize):
+    prompt = repetitive_prompt()
+    plain = build(qwen3_06b, forward="persistent", quantize=quantize).generate(prompt, max_new_tokens=48).token_ids
+    for k in (3, 8):
+        spec = build(qwen3_06b, forward="persistent", quantize=quantize, proposer="ngram", spec_k=k)
+        assert spec.generate(prompt, max_new_tokens=48).token_ids == plain, f"ngram@{k}"
