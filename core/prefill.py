@@ -14,7 +14,7 @@ length bucket, padded past the prompt (tileinfer.prefill_graphs: the padding's k
 are dropped at the end, and a graphed chunk computes its last real row's logits whether or not it
 is the last chunk); a chunk no graph serves runs eagerly.
 
-On a terminal (``progress`` and stderr a TTY), a prompt of more than one chunk shows a line
+On a terminal (``progress`` and stderr a TTY), a prompt of more than one chunk shows a tqdm line
 ``prefill 8192/32768 tokens`` on stderr, updated as the device finishes each chunk (on a GPU the
 host waits for chunk ``i`` only after it enqueued chunk ``i + 1``, so the device never idles for
 it) and erased when the prefill is over.
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Collection, Sequence
-from typing import TextIO
 
 import torch
+from tqdm.auto import tqdm
 
 from tileinfer.interfaces import ForwardPass, KVStore, Step
 from tileinfer.prefill_graphs import PrefillGraphs
@@ -34,29 +34,12 @@ from tileinfer.prefill_graphs import PrefillGraphs
 ChunkCallback = Callable[[list[int], int, dict[int, torch.Tensor]], None]
 
 
-def stderr_is_terminal() -> bool:
-    """Whether standard error is a terminal (where progress lines are shown)."""
-    stream = sys.stderr
-    try:
-        return stream is not None and stream.isatty()
-    except (AttributeError, ValueError):  # replaced by an object without isatty, or closed
-        return False
-
-
-class ProgressLine:
-    """``prefill DONE/TOTAL tokens`` on one line of ``stream``, rewritten in place (``\\r``) and
-    erased by ``close`` (``\\r`` and clear-to-end-of-line), so that nothing is left behind."""
-
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self.total, self.stream = total, stream
-
-    def show(self, done: int) -> None:
-        self.stream.write(f"\rprefill {done}/{self.total} tokens")
-        self.stream.flush()
-
-    def close(self) -> None:
-        self.stream.write("\r\x1b[K")
-        self.stream.flush()
+def progress_line(total: int, shown: bool) -> tqdm:
+    """``prefill DONE/TOTAL tokens`` on stderr when ``shown`` and stderr is a terminal (tqdm's
+    check), redrawn at every update and erased at ``close``."""
+    shown = shown and sys.stderr is not None  # started with stderr closed: nowhere to show it
+    return tqdm(total=total, bar_format="prefill {n}/{total} tokens", leave=False, mininterval=0, miniters=1,
+                disable=None if shown else True)
 
 
 @torch.inference_mode()
@@ -79,7 +62,7 @@ def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, ch
     total = len(ids)
     kv.reserve(total)
     tokens = torch.tensor(ids, dtype=torch.int64, device=forward.device)
-    line = ProgressLine(total, sys.stderr) if progress and total > chunk and stderr_is_terminal() else None
+    line = progress_line(total, progress and total > chunk)
     cuda = forward.device.type == "cuda"
     pending: tuple[torch.cuda.Event, int] | None = None  # the previous chunk's end, until the device is past it
     logits = None
@@ -90,20 +73,19 @@ def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, ch
             if on_chunk is not None:
                 on_chunk(ids[start:end], start, hidden)
             del hidden
-            if line is None:
+            if line.disable:
                 continue
             if not cuda:
-                line.show(end)
+                line.update(end - line.n)
                 continue
             event = torch.cuda.Event()
             event.record()
             if pending is not None:
                 pending[0].synchronize()
-                line.show(pending[1])
+                line.update(pending[1] - line.n)
             pending = (event, end)
     finally:
-        if line is not None:
-            line.close()
+        line.close()
     kv.truncate(total)  # a padded chunk's positions past the prompt
     return logits
 
@@ -120,4 +102,4 @@ def _chunk(forward: ForwardPass, kv: KVStore, tokens: torch.Tensor, start: int, 
     return forward(tokens, step, kv, last_only=True, capture=capture, logits=last)
 
 
-__all__ = ["ChunkCallback", "ProgressLine", "chunked_prefill", "stderr_is_terminal"]
+__all__ = ["ChunkCallback", "chunked_prefill", "progress_line"]

@@ -13,9 +13,12 @@ prefill allocates is bounded by the chunk.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
+import struct
 import sys
+import termios
 
 import pytest
 import torch
@@ -244,10 +247,17 @@ def test_prefill_chunk_is_a_checked_config_key(capsys, folder):
 # -- the progress line ---------------------------------------------------------------------------------
 
 
+def pseudo_terminal() -> tuple[int, int]:
+    """A pseudo-terminal of 24 rows and 80 columns (a fresh one has none, where tqdm shows nothing)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    return master, slave
+
+
 def progress_output(engine: tileinfer.Engine, ids: list[int], monkeypatch, *, terminal: bool = True) -> str:
     """What stderr receives while ``engine`` generates from ``ids``: a pseudo-terminal's (read from
     its master side) or, with ``terminal=False``, a pipe's."""
-    read_fd, write_fd = pty.openpty() if terminal else os.pipe()
+    read_fd, write_fd = pseudo_terminal() if terminal else os.pipe()
     stream = os.fdopen(write_fd, "w")
     assert stream.isatty() == terminal
     monkeypatch.setattr(sys, "stderr", stream)
@@ -272,7 +282,8 @@ def test_a_long_prefill_shows_its_progress_on_a_terminal(folder, monkeypatch):
     engine = tileinfer.Engine.from_config("reference", model=str(folder), device="cpu", dtype="float32",
                                           kv_page_size=16, prefill_chunk=32, progress=True)
     shown = progress_output(engine, prompt(), monkeypatch)
-    assert shown == "\rprefill 32/90 tokens\rprefill 64/90 tokens\rprefill 90/90 tokens\r\x1b[K"
+    line = "\rprefill 0/90 tokens\rprefill 32/90 tokens\rprefill 64/90 tokens\rprefill 90/90 tokens"
+    assert shown == line + "\r" + " " * len("prefill 90/90 tokens") + "\r"  # erased at the end
     assert progress_output(engine, prompt()[:32], monkeypatch) == ""  # one chunk: nothing
     assert progress_output(engine, prompt(), monkeypatch, terminal=False) == ""  # not a terminal: nothing
     quiet = reference_engine(folder, prefill_chunk=32)  # progress=False (what -q asks for)
@@ -312,7 +323,7 @@ def test_the_command_line_shows_the_progress_on_a_terminal(folder):
     """``tileinfer generate`` in a subprocess whose stderr is a pseudo-terminal."""
     import subprocess
 
-    master, slave = pty.openpty()
+    master, slave = pseudo_terminal()
     ids = ",".join(map(str, prompt()))
     done = subprocess.run([sys.executable, "-m", "tileinfer.cli", "generate", "--model", str(folder), "--prompt-ids",
                            ids, "--max-new-tokens", "2", "prefill_chunk=40", "device=cpu", "kv_page_size=16",
@@ -330,7 +341,7 @@ def test_the_command_line_shows_the_progress_on_a_terminal(folder):
         shown += data
     os.close(master)
     assert done.returncode == 0, shown
-    assert b"\rprefill 40/90 tokens\rprefill 80/90 tokens\rprefill 90/90 tokens\r\x1b[K" in shown
+    assert b"\rprefill 40/90 tokens\rprefill 80/90 tokens\rprefill 90/90 tokens\r" in shown
 
 
 @pytest.mark.gpu
