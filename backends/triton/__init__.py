@@ -9,6 +9,14 @@ calls live in device_functions.py; programmatic dependent launch in pdl.py.
 
 import torch
 
+try:
+    import triton  # noqa: F401
+except ModuleNotFoundError as exc:
+    if exc.name != "triton":
+        raise
+    raise ModuleNotFoundError("No module named 'triton' (CUDA builds of torch bring it; otherwise "
+                              "pip install 'tileinfer[triton]')", name="triton") from exc
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The largest step (a decode step, or the verification of speculative drafts) that takes the
 # small-step kernels: the GEMV of linear.py and the split-KV decode of paged_attention.py. Above it,

@@ -178,7 +178,7 @@ def test_the_readme_plugin_example_is_the_tested_package():
     """The plugin example of docs/plugins.md is the demo package these tests install, file for
     file, so it works when pasted."""
     plugin = (DEMO / "tileinfer_demo_sampler" / "plugin.py").read_text()
-    assert _readme_block("python", "# my_sampler/plugin.py\n") == "# my_sampler/plugin.py\n" + plugin
+    assert _readme_block("python", "# my_sampler/my_sampler/plugin.py\n") == "# my_sampler/my_sampler/plugin.py\n" + plugin
     pyproject = (DEMO / "pyproject.toml").read_text()
     expected = pyproject.replace("tileinfer-demo-sampler", "my-sampler").replace("tileinfer_demo_sampler", "my_sampler")
     assert _readme_block("toml", "# my_sampler/pyproject.toml\n") == "# my_sampler/pyproject.toml\n" + expected
