@@ -33,8 +33,6 @@ def api_key_of(flag: str | None, path: str | None = None, environ: dict | None =
     if flag is not None and path is not None:
         raise UsageError("give --api-key or --api-key-file, not both")
     if flag is not None:
-        notice("the key given with --api-key is visible to every user of this machine in the process list: "
-               f"pass --api-key-file PATH or set {API_KEY_ENV} instead")
         key, source = flag, "--api-key"
     elif path is not None:
         try:
@@ -49,6 +47,9 @@ def api_key_of(flag: str | None, path: str | None = None, environ: dict | None =
     key = key.strip()
     if not key:
         raise UsageError(f"the API key of {source} is blank: give a key (or none, to serve without one)")
+    if flag is not None:
+        notice("the key given with --api-key is visible to every user of this machine in the process list: "
+               f"pass --api-key-file PATH or set {API_KEY_ENV} instead")
     return key
 
 

@@ -261,8 +261,10 @@ class TokenizeRequest(_Body):
 
     @model_validator(mode="after")
     def _one_input(self):
-        if (self.prompt is None) == (self.messages is None):
-            raise bad("give one of prompt and messages", "prompt" if self.messages is None else "messages")
+        if self.prompt is None and self.messages is None:
+            raise bad("prompt is required (or messages)", "prompt")
+        if self.prompt is not None and self.messages is not None:
+            raise bad("give prompt or messages, not both")
         reserved = sorted(ChatRequest.TEMPLATE_RESERVED & set(self.chat_template_kwargs))
         if reserved:
             raise bad(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")

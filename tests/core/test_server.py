@@ -43,11 +43,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(engine, config: dict | None = None, **kw):
+def serving(engine, config: dict | None = None, **kw):
     """The app (``create_app(engine, **kw)``) served by uvicorn in a thread on a free port, as
-    ``tileinfer serve`` configures it (``uvicorn_config``, with ``config``): yields its base URL."""
+    ``tileinfer serve`` configures it (``uvicorn_config``, with ``config``): yields its base URL,
+    the uvicorn Server and its thread."""
     port = free_port()
-    server = uvicorn.Server(uvicorn_config(create_app(engine, **kw), port=port, log_level="warning", **(config or {})))
+    config = {"log_level": "warning", **(config or {})}
+    server = uvicorn.Server(uvicorn_config(create_app(engine, **kw), port=port, **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -55,10 +57,17 @@ def running(engine, config: dict | None = None, **kw):
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", server, thread
     finally:
         server.should_exit = True
         thread.join(20)
+
+
+@contextmanager
+def running(engine, config: dict | None = None, **kw):
+    """``serving``'s base URL."""
+    with serving(engine, config, **kw) as (base, _, _):
+        yield base
 
 
 @pytest.fixture(scope="module")
