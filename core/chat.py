@@ -1,19 +1,22 @@
 """``tileinfer chat``: a multi-turn chat in the terminal, rendered with the model's chat template.
 
 Each turn renders the whole history (an optional system prompt, then the user and assistant
-messages) with the checkpoint's chat template and streams the reply. When the next prompt and
-``max_new_tokens`` would not fit the KV capacity, the oldest turns are dropped (a notice says so).
-``/reset`` clears the history (the system prompt stays), ``/exit`` or end of input (Ctrl-D) ends
-the session with status 0, and Ctrl-C stops the reply being written (what was written stays in
-the history) without ending the session.
+messages) with the checkpoint's chat template and streams the reply (``tileinfer.SamplingParams``:
+its length, stop strings, ...). When the next prompt and the reply's ``max_tokens`` would not fit
+the KV capacity, the oldest turns are dropped (a notice says so). ``/reset`` clears the history
+(the system prompt stays), ``/exit`` or end of input (Ctrl-D) ends the session with status 0,
+Ctrl-C stops the reply being written (what was written stays in the history) without ending the
+session, and a line that is not valid UTF-8 is skipped with a notice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from tileinfer.errors import UsageError
+from tileinfer.sampling_params import SamplingParams
 
 HELP = "/reset clears the history, /exit or Ctrl-D quits, Ctrl-C stops a reply"
 ROLES = ("system", "user", "assistant", "tool")
@@ -46,7 +49,7 @@ def is_conversation_batch(messages: object) -> bool:
 class ChatSession:
     """The history of one conversation with ``engine`` and the turns that extend it."""
 
-    def __init__(self, engine, *, system: str | None = None, max_new_tokens: int | None = None,
+    def __init__(self, engine, params: SamplingParams | None = None, *, system: str | None = None,
                  notify: Callable[[str], None] = lambda line: None) -> None:
         if engine.tokenizer is None or not engine.tokenizer.chat_template:
             raise UsageError(f"chat needs a checkpoint with a tokenizer and a chat template ({engine.folder} has "
@@ -54,7 +57,9 @@ class ChatSession:
         self.engine = engine
         self.system = [{"role": "system", "content": system}] if system else []
         self.turns: list[dict] = []  # user and assistant messages, oldest first
-        self.max_new_tokens = max_new_tokens or engine.config.max_new_tokens
+        params = params or SamplingParams()
+        self.max_new_tokens = params.max_tokens or engine.config.max_new_tokens
+        self.params = dataclasses.replace(params, max_tokens=self.max_new_tokens)
         self.notify = notify
 
     def reset(self) -> None:
@@ -92,7 +97,7 @@ class ChatSession:
         ids = self.prompt_ids(user)
         if ids is None:
             return None
-        stream = self.engine.stream(ids, max_new_tokens=self.max_new_tokens)
+        stream = self.engine.stream(ids, self.params)
         pieces: list[str] = []
         try:
             for chunk in stream:
@@ -108,7 +113,7 @@ class ChatSession:
         return text
 
 
-def run(engine, *, system: str | None = None, max_new_tokens: int | None = None) -> int:
+def run(engine, params: SamplingParams | None = None, *, system: str | None = None) -> int:
     """The read-reply loop on standard input and output; returns the exit status (0)."""
     try:
         import readline  # noqa: F401 - line editing and history for input()
@@ -124,7 +129,7 @@ def run(engine, *, system: str | None = None, max_new_tokens: int | None = None)
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    session = ChatSession(engine, system=system, max_new_tokens=max_new_tokens, notify=notify)
+    session = ChatSession(engine, params, system=system, notify=notify)
     print(f"tileinfer chat with {engine.folder.name} ({HELP})", file=sys.stderr, flush=True)
     while True:
         try:
@@ -135,6 +140,14 @@ def run(engine, *, system: str | None = None, max_new_tokens: int | None = None)
         except KeyboardInterrupt:
             print(file=sys.stderr)
             notify("Ctrl-D or /exit quits")
+            continue
+        except UnicodeDecodeError as exc:
+            notify(f"that line is not valid UTF-8 (byte {exc.object[exc.start]:#04x}): skipped")
+            continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as exc:  # undecodable bytes kept as surrogates (a C locale's stdin)
+            notify(f"that line is not valid UTF-8 (at character {exc.start}): skipped")
             continue
         command = line.strip()
         if command in ("/exit", "/quit"):

@@ -8,12 +8,17 @@ lines; ``--quiet`` drops them.
 
 When the reader of standard output goes away (``tileinfer plugins | head -1``), the command
 stops quietly with exit status 141, as a Unix tool killed by SIGPIPE shows in the shell
-(128 + 13; only ``set -o pipefail`` makes it the pipeline's status), and prints nothing more.
+(128 + 13; only ``set -o pipefail`` makes it the pipeline's status), and prints nothing more. A
+command started with standard output closed (``>&-``) is one ``error:`` line.
+
+On a CPU, ``cuda_graphs`` and ``pipelined`` (GPU-only settings, on in default.yaml) are off unless
+a ``--config`` file or ``KEY=VALUE`` turns them on: only then does a notice say they have no effect.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
@@ -88,10 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command is None:
                 build_parser().print_help(sys.stderr)
                 return 2
+            if sys.stdout is None and args.command != "serve":
+                raise TileinferError(f"standard output is closed: {args.command} has nowhere to write (run it "
+                                     "without >&-, or with >/dev/null to discard what it prints)")
             commands = {"generate": _generate, "chat": _chat, "serve": _serve, "plugins": _plugins, "config": _config,
                         "quantize": _quantize}
             status = commands[args.command](args, notices)
-            sys.stdout.flush()  # here, so that a reader gone away is seen here and not at exit
+            if sys.stdout is not None:
+                sys.stdout.flush()  # here, so that a reader gone away is seen here and not at exit
             notices.show_held()
             return status
         except BrokenPipeError:
@@ -115,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(line: str) -> None:
+    if sys.stderr is None:  # started with stderr closed: nowhere to tell
+        return
     try:
         print(line, file=sys.stderr)
     except BrokenPipeError:  # stderr's reader is gone too: nothing left to tell
@@ -135,9 +146,11 @@ def _broken_pipe() -> int:
 
 
 def _load(args: argparse.Namespace, sources: Sequence = (), extra: Sequence[str] = ()):
-    from tileinfer.config import load_config
+    """The config of default.yaml, the --config files, ``sources`` and the overrides (on a CPU the
+    GPU-only settings off unless these set them: ``tileinfer.cpu_defaults``)."""
+    from tileinfer.cpu_defaults import load_for_device
 
-    return load_config([*args.config, *sources], [*args.overrides, *extra])
+    return load_for_device([*args.config, *sources], [*args.overrides, *extra])
 
 
 def _read_stdin() -> str:
@@ -172,6 +185,14 @@ def _flag_sources(args: argparse.Namespace) -> list[dict]:
     return [keys] if keys else []
 
 
+def _params(args: argparse.Namespace):
+    """The generation's tileinfer.SamplingParams of --stop, --ignore-eos and --min-tokens (the
+    sampling flags set config keys: the engine's defaults)."""
+    from tileinfer.sampling_params import SamplingParams
+
+    return SamplingParams(stop=args.stop, ignore_eos=args.ignore_eos, min_tokens=args.min_tokens)
+
+
 def _load_engine(args: argparse.Namespace, notices: _Notices):
     """The Engine the command's config names, its notices printed once it was built."""
     from tileinfer.engine import Engine
@@ -184,8 +205,9 @@ def _load_engine(args: argparse.Namespace, notices: _Notices):
 def _chat(args: argparse.Namespace, notices: _Notices) -> int:
     from tileinfer import chat
 
+    params = _params(args)
     engine = _load_engine(args, notices)
-    return chat.run(engine, system=args.system, max_new_tokens=args.max_new_tokens)
+    return chat.run(engine, params, system=args.system)
 
 
 def _serve(args: argparse.Namespace, notices: _Notices) -> int:
@@ -220,6 +242,7 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
             raise UsageError("--chat needs a text prompt (--prompt), not token ids")
     else:
         prompt = _read_stdin() if args.prompt == "-" else args.prompt
+    params = _params(args)
 
     from tileinfer.engine import Engine
     from tileinfer.prompt import check_prompt
@@ -232,12 +255,12 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
     engine = Engine(resolved, progress=not args.quiet)
     notices.show_held()  # after the engine was built: an error is the first line on stderr
     if args.json:
-        result = engine.generate(ids)
+        result = engine.generate(ids, params)
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         return 0
     tokens: list[int] = []
     stats = None
-    for chunk in engine.stream(ids):
+    for chunk in engine.stream(ids, params):
         tokens += chunk.token_ids
         stats = chunk.stats or stats
         if chunk.text:
@@ -245,6 +268,8 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
             sys.stdout.flush()
     print(",".join(map(str, tokens)) if engine.tokenizer is None else "")
     sys.stdout.flush()
+    if args.quiet:
+        return 0
     print(f"[{stats.new_tokens} tokens, prefill {stats.prefill_ms:.1f} ms, decode {stats.decode_tok_s:.1f} tok/s, "
           f"{stats.tokens_per_step:.2f} tokens/step, {stats.finish_reason}, {stats.decode_loop}]", file=sys.stderr)
     return 0
@@ -296,8 +321,9 @@ def _config(args: argparse.Namespace, notices: _Notices) -> int:
     from tileinfer.config import to_yaml
     from tileinfer.resolution import ResolvedConfig
 
-    resolved = ResolvedConfig.of(_load(args))
-    sys.stdout.write(to_yaml(resolved.config))
+    resolved = ResolvedConfig.of(_load(args, _flag_sources(args)))
+    folder = resolved.checkpoint.folder.resolve()
+    sys.stdout.write(to_yaml(dataclasses.replace(resolved.config, model=str(folder))))
     filled, checkpoint = resolved.null_sampling, resolved.checkpoint
     if filled:  # where the sampling values left null came from
         from_checkpoint = [key for key in filled if key in checkpoint.sampling]

@@ -22,7 +22,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 # The sampling flags and the config keys they set (a flag and its KEY=VALUE together: a usage error).
-SAMPLING_FLAGS = {"temperature": float, "top_p": float, "top_k": int, "seed": int}
+SAMPLING_FLAGS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
+                  "repetition_penalty": float, "presence_penalty": float, "frequency_penalty": float}
 
 
 def _model_flag(parser: argparse.ArgumentParser) -> None:
@@ -31,12 +32,11 @@ def _model_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _generation_flags(parser: argparse.ArgumentParser, per_request: bool = False) -> None:
-    """--max-new-tokens and the sampling flags; ``per_request``: the server's defaults, which a
-    request's own fields override. (Their defaults are the config's, where temperature, top-p and
-    top-k are null: the checkpoint's generation_config.json; ``tileinfer config`` shows them.)"""
+    """--max-new-tokens and the sampling flags, which set config keys; ``per_request``: the
+    server's defaults, which a request's own fields override."""
     tail = "; the default of requests that do not set it" if per_request else ""
     checkpoint = "; default: the checkpoint's generation_config.json, else off"
-    parser.add_argument("--max-new-tokens", type=int, metavar="N",
+    parser.add_argument("--max-new-tokens", "--max-tokens", type=int, metavar="N", dest="max_new_tokens",
                         help=f"tokens to generate at most (config key max_new_tokens{tail})")
     parser.add_argument("--temperature", type=float, metavar="T",
                         help=f"sampling temperature, 0 is greedy (config key temperature{tail}{checkpoint})")
@@ -44,8 +44,32 @@ def _generation_flags(parser: argparse.ArgumentParser, per_request: bool = False
                         help=f"nucleus sampling, 1 is off (config key top_p{tail}{checkpoint})")
     parser.add_argument("--top-k", type=int, metavar="K",
                         help=f"sample from the K most likely tokens, 0 is off (config key top_k{tail}{checkpoint})")
+    parser.add_argument("--min-p", type=float, metavar="P",
+                        help=f"drop tokens less likely than P times the most likely, 0 is off (config key "
+                             f"min_p{tail}{checkpoint})")
+    parser.add_argument("--repetition-penalty", "--repeat-penalty", type=float, metavar="R", dest="repetition_penalty",
+                        help=f"penalize the tokens of the prompt and the reply (a positive logit divided by R, a "
+                             f"negative one multiplied), 1 is off (config key repetition_penalty{tail}{checkpoint})")
+    parser.add_argument("--presence-penalty", type=float, metavar="P",
+                        help=f"subtract P from the logits of tokens in the reply, in [-2, 2], 0 is off (config key "
+                             f"presence_penalty{tail})")
+    parser.add_argument("--frequency-penalty", type=float, metavar="F",
+                        help=f"subtract F times its count in the reply from a token's logit, in [-2, 2], 0 is off "
+                             f"(config key frequency_penalty{tail})")
     parser.add_argument("--seed", type=int, metavar="N",
                         help=f"seed of the sampler, set again at each generation (config key seed{tail})")
+
+
+def _stop_flags(parser: argparse.ArgumentParser) -> None:
+    """Where a generation stops: tileinfer.SamplingParams fields, not config keys."""
+    parser.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                        help="end the reply where its text first contains TEXT, which is not printed (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="do not stop at the checkpoint's end-of-sequence tokens (the reply runs to "
+                             "--max-new-tokens or a stop string)")
+    parser.add_argument("--min-tokens", type=int, default=0, metavar="N",
+                        help="generate N tokens at least before an end-of-sequence token or a stop string ends "
+                             "the reply (default 0)")
 
 
 def _global(parser: argparse.ArgumentParser, main: bool) -> None:
@@ -54,7 +78,8 @@ def _global(parser: argparse.ArgumentParser, main: bool) -> None:
     hide = {} if main else {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
     parser.add_argument("--debug", action="store_true", **{"help": "show tracebacks on errors", **hide})
     parser.add_argument("-q", "--quiet", action="store_true",
-                        **{"help": "print no notices (settings with no effect here, choices made for you) and no progress (loading bar, long prefills)", **hide})
+                        **{"help": "print only the output: no notices (settings with no effect here, choices made "
+                                   "for you), no progress (loading bar, long prefills), no stats line", **hide})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids, e.g. 1,2,3")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
     _generation_flags(gen)
+    _stop_flags(gen)
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (token_ids, text, stats) and nothing else on stdout")
     _global(gen, main=False)
@@ -83,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flag(chat)
     chat.add_argument("--system", metavar="TEXT", help="system prompt, kept through /reset")
     _generation_flags(chat)
+    _stop_flags(chat)
     _global(chat, main=False)
     _common(chat)
 
@@ -112,8 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--json", action="store_true", help="print a JSON list")
     _global(plugins, main=False)
 
-    config = sub.add_parser("config", help="print the resolved config as YAML (auto values resolved, options "
-                            "filled in, checked as generate checks it)")
+    config = sub.add_parser("config", help="print the resolved config as YAML (the model folder and auto values "
+                            "resolved, options and the checkpoint's sampling defaults filled in, checked as generate "
+                            "checks it)")
+    _model_flag(config)
+    _generation_flags(config)
     _global(config, main=False)
     _common(config)
 

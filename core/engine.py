@@ -26,7 +26,8 @@ import torch
 
 from tileinfer.async_stream import async_chunks
 from tileinfer.chat import Messages, check_messages, is_conversation_batch
-from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource, load_config
+from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource
+from tileinfer.cpu_defaults import load_for_device
 from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder, build_decoder
 from tileinfer.errors import UsageError
@@ -170,8 +171,9 @@ class Engine:
     def from_config(cls, *sources: ConfigSource, overrides: Sequence[str] = (), registry: Registry | None = None,
                     progress: bool = True, **keys) -> "Engine":
         """Build from default.yaml + ``sources`` (YAML paths or mappings) + ``overrides``
-        (``"KEY=VALUE"``) + ``keys`` (e.g. ``model="..."``, ``device="cuda"``)."""
-        config = load_config([*sources, keys] if keys else sources, overrides)
+        (``"KEY=VALUE"``) + ``keys`` (e.g. ``model="..."``, ``device="cuda"``); on a CPU the GPU-only
+        settings are off unless these set them (``tileinfer.cpu_defaults``)."""
+        config = load_for_device([*sources, keys] if keys else sources, overrides)
         return cls(config, registry, progress=progress)
 
     # -- input ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import tileinfer
+from tileinfer import SamplingParams
 from tileinfer.chat import ChatSession
 from conftest import REFERENCE_CPU as BASE
 
@@ -56,8 +57,8 @@ class Terminal:
         seen, _, self.output = self.output.partition(needle)
         return seen + needle
 
-    def send(self, text: str) -> None:
-        os.write(self.master, text.encode())
+    def send(self, text: str | bytes) -> None:
+        os.write(self.master, text if isinstance(text, bytes) else text.encode())
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -72,6 +73,9 @@ def test_two_turns_reset_and_eof_through_a_terminal(tiny_checkpoint, engine):
                      SYSTEM, "--max-new-tokens", str(tokens), *BASE])
     try:
         term.expect(b"/reset clears the history")
+        term.expect(b"> ")
+        term.send(b"caf\xe9 \xff\n")  # Latin-1, not UTF-8: skipped with a notice, the session goes on
+        term.expect(b"not valid UTF-8")
         term.expect(b"> ")
         first = reply_to(engine, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hello"}], tokens)
         assert first  # something to look for
@@ -96,7 +100,7 @@ def test_two_turns_reset_and_eof_through_a_terminal(tiny_checkpoint, engine):
 
 def test_the_oldest_turns_are_dropped_to_fit_the_context(engine):
     notes = []
-    session = ChatSession(engine, system=SYSTEM, max_new_tokens=8, notify=notes.append)
+    session = ChatSession(engine, SamplingParams(max_tokens=8), system=SYSTEM, notify=notes.append)
     budget = engine.capacity - 8
     long = "def add(a, b): return a + b " * 8
     while True:
@@ -120,7 +124,7 @@ def test_ctrl_c_stops_the_reply_not_the_session(engine):
         if len(written) == 3:
             raise KeyboardInterrupt
 
-    session = ChatSession(engine, max_new_tokens=32, notify=notes.append)
+    session = ChatSession(engine, SamplingParams(max_tokens=32), notify=notes.append)
     partial = session.reply("hello", write)
     assert notes == ["stopped"] and partial == "".join(written)
     assert session.turns[-1] == {"role": "assistant", "content": partial}

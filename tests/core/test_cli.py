@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -85,6 +86,15 @@ def test_config_merges_files_then_overrides(capsys, tmp_path):
     assert resolved["linear"] == resolved["attention"] == ("triton" if DEVICE == "cuda" else "reference")  # auto
     assert resolved["device"] == DEVICE and resolved["dtype"] == ("bfloat16" if DEVICE == "cuda" else "float32")
     assert resolved["options"]["ngram"] == {"n_min": 1, "n_max": 4}  # the chosen proposer's defaults filled in
+
+
+def test_config_resolves_the_model_folder(capsys, tiny_checkpoint, monkeypatch):
+    code, out, _ = run(capsys, "config")
+    assert code == 0 and Path(yaml.safe_load(out)["model"]) == tileinfer.shipped_model().resolve()
+    monkeypatch.chdir(tiny_checkpoint.parent)
+    code, out, _ = run(capsys, "config", "--model", tiny_checkpoint.name, "--top-k", "7")
+    resolved = yaml.safe_load(out)
+    assert code == 0 and (resolved["model"], resolved["top_k"]) == (str(tiny_checkpoint.resolve()), 7)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""The command line's --version and conventional sampling flags (--temperature, --top-p, --top-k,
---seed), which set the config keys of the same names."""
+"""The command line's --version, the sampling flags vLLM and llama.cpp users type (--temperature,
+--top-p, --top-k, --min-p, --seed and the penalties), which set the config keys of the same names,
+and the stop flags (--stop, --ignore-eos, --min-tokens) of a generation's SamplingParams."""
 
 from __future__ import annotations
 
@@ -21,13 +22,34 @@ def test_version(capsys):
     assert (done.returncode, done.stdout) == (0, f"tileinfer {tileinfer.__version__}\n")
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "serve"])
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "config"])
 def test_sampling_flags_set_their_config_keys(command):
     args = parse_args([command, "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--seed", "5",
-                   "--max-new-tokens", "9", "device=cpu"])
+                       "--max-new-tokens", "9", "--min-p", "0.05", "--repetition-penalty", "1.2",
+                       "--presence-penalty", "0.5", "--frequency-penalty", "-0.5", "device=cpu"])
     config = _load(args, _flag_sources(args))
     assert (config.temperature, config.top_p, config.top_k, config.seed, config.max_new_tokens) == (0.7, 0.9, 20, 5, 9)
+    assert (config.min_p, config.repetition_penalty, config.presence_penalty, config.frequency_penalty) == (
+        0.05, 1.2, 0.5, -0.5)
     assert config.device == "cpu"
+    aliases = parse_args([command, "--repeat-penalty", "1.1", "--max-tokens", "7"])  # llama.cpp's and vLLM's names
+    assert (aliases.repetition_penalty, aliases.max_new_tokens) == (1.1, 7)
+
+
+def test_the_stop_flags_are_the_generations_params(capsys, tiny_checkpoint):
+    engine = tileinfer.Engine.from_config(model=str(tiny_checkpoint), progress=False, overrides=BASE)
+    free = engine.generate([5, 6, 7], tileinfer.SamplingParams(max_tokens=12, ignore_eos=True))
+    stop = free.text[3:6]
+    expected = engine.generate([5, 6, 7], tileinfer.SamplingParams(max_tokens=12, stop=[stop, "never"],
+                                                                   ignore_eos=True, min_tokens=2))
+    assert expected.stats.finish_reason == "stop"  # so that the flags below change the result
+    code, out, err = run(capsys, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", "5,6,7", "--json",
+                         "--max-new-tokens", "12", "--stop", stop, "--stop", "never", "--ignore-eos",
+                         "--min-tokens", "2", *BASE)
+    assert code == 0, err
+    result = json.loads(out)
+    assert (result["token_ids"], result["text"]) == (expected.token_ids, expected.text)
+    assert result["stats"]["finish_reason"] == "stop" and result["stats"]["stop_reason"] == stop
 
 
 def test_a_flag_wins_over_a_config_file(tmp_path):
@@ -62,6 +84,8 @@ def test_a_flag_and_its_key_together_are_a_one_line_usage_error(capsys, command,
 
 
 @pytest.mark.parametrize("argv,words", [(["generate", "--temperature", "warm"], "invalid float value"),
+                                        (["generate", "--prompt", "x", "--min-tokens", "-1"], "min_tokens=-1"),
+                                        (["generate", "--prompt", "x", "--stop", ""], "stop string must not be empty"),
                                         (["generate", "--top-k", "1.5"], "invalid int value"),
                                         (["generate", "--prompt", "x", "--temperature", "-1"], "temperature=-1.0"),
                                         (["serve", "--port", "70000"], "--port"),
@@ -71,20 +95,30 @@ def test_bad_flag_values_are_one_line_errors(capsys, argv, words):
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and words in err, err
 
 
+def help_of(command: str) -> str:
+    return " ".join(build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
+
+
 def test_help_names_the_flags_and_their_keys():
-    for command in ("generate", "chat", "serve"):
-        text = " ".join(build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
+    for command in ("generate", "chat", "serve", "config"):
+        text = help_of(command)
         for flag, key in [("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"),
+                          ("--min-p", "min_p"), ("--repetition-penalty", "repetition_penalty"),
+                          ("--presence-penalty", "presence_penalty"), ("--frequency-penalty", "frequency_penalty"),
                           ("--seed", "seed"), ("--max-new-tokens", "max_new_tokens")]:
             assert flag in text and f"config key {key}" in text
+    for command in ("generate", "chat"):
+        assert all(flag in help_of(command) for flag in ("--stop", "--ignore-eos", "--min-tokens"))
+    assert "--stop" not in help_of("serve")  # a request's own field there
+    assert "no stats line" in " ".join(build_parser().format_help().split())  # what -q leaves out
     assert "--version" in build_parser().format_help()
 
 
 def test_help_says_where_the_sampling_defaults_come_from():
-    for command in ("generate", "chat", "serve"):
-        text = " ".join(build_parser()._subparsers._group_actions[0].choices[command].format_help().split())
-        assert text.count("default: the checkpoint's generation_config.json") == 3  # temperature, top-p, top-k
-    serve = " ".join(build_parser()._subparsers._group_actions[0].choices["serve"].format_help().split())
+    for command in ("generate", "chat", "serve", "config"):
+        # temperature, top-p, top-k, min-p, repetition penalty
+        assert help_of(command).count("default: the checkpoint's generation_config.json") == 5
+    serve = help_of("serve")
     assert "penalties and logprobs per request" in serve
 
 

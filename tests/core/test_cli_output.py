@@ -13,7 +13,6 @@ import sys
 import pytest
 
 import tileinfer
-import tileinfer.engine as engine_module
 from cli_checks import assert_one_error, generate_json
 from conftest import REFERENCE_CPU as BASE, run_cli as run
 from tileinfer.errors import UsageError
@@ -82,7 +81,7 @@ def test_quiet_silences_notices(capsys, tiny_checkpoint, noticing_engine, before
     code, out, err = run(capsys, *before, "generate", *after, "--model", str(tiny_checkpoint), "--prompt", "def",
                          "--max-new-tokens", "3", *BASE)
     assert code == 0, err
-    assert "notice" not in err and err.count("\n") == 1  # the stats only
+    assert err == "" and out  # the text only: no notice, no stats line
 
 
 def test_an_error_after_a_notice_is_the_only_line(capsys, tiny_checkpoint, monkeypatch):
@@ -101,17 +100,31 @@ def test_the_api_gets_notices_through_logging(caplog, tiny_checkpoint, noticing_
     assert "a test setting has no effect here" in caplog.messages
 
 
-@pytest.mark.skipif(not hasattr(engine_module, "notice"),
-                    reason="core/engine.py still prints its notices instead of calling notice()")
-def test_the_engines_own_notices_go_through_logging(capsys, caplog, tiny_checkpoint):
-    argv = ["generate", "--model", str(tiny_checkpoint), "--prompt", "def", "--max-new-tokens", "2", "device=cpu"]
+def test_the_cpu_notice_comes_only_when_the_gpu_settings_were_asked_for(capsys, caplog, tiny_checkpoint):
+    argv = ["generate", "--model", str(tiny_checkpoint), "--prompt", "def", "--max-new-tokens", "2", "device=cpu",
+            "dtype=float32", "linear=reference", "attention=reference"]
     code, _, err = run(capsys, *argv)
-    assert code == 0 and err.startswith("notice: cuda_graphs and pipelined have no effect on device cpu")
-    code, _, err = run(capsys, "-q", *argv)
-    assert code == 0 and "notice" not in err
+    assert code == 0 and "notice" not in err, err  # the defaults: nothing to say
+    code, _, err = run(capsys, *argv, "cuda_graphs=true")
+    assert code == 0 and err.startswith("notice: cuda_graphs has no effect on device cpu"), err
+    code, _, err = run(capsys, "-q", *argv, "cuda_graphs=true")
+    assert code == 0 and err == ""
+    keys = dict(model=str(tiny_checkpoint), device="cpu", dtype="float32", linear="reference", attention="reference",
+                progress=False)
     with caplog.at_level(logging.WARNING, logger="tileinfer"):
-        tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cpu", progress=False)
-    assert any("no effect on device cpu" in m for m in caplog.messages)
+        tileinfer.Engine.from_config(**keys)
+        assert not any("no effect on device cpu" in m for m in caplog.messages)
+        tileinfer.Engine.from_config(pipelined=True, **keys)
+    assert any("pipelined has no effect on device cpu" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "def"], ["config"], ["plugins"], ["chat"]])
+def test_standard_output_closed_is_one_error(capsys, monkeypatch, tiny_checkpoint, argv):
+    """Python sets sys.stdout to None when the command starts with file descriptor 1 closed (>&-)."""
+    monkeypatch.setattr(sys, "stdout", None)
+    code, out, err = run(capsys, *argv, "--model", str(tiny_checkpoint), *BASE) if argv[0] != "plugins" \
+        else run(capsys, *argv)
+    assert_one_error(code, out, err, "standard output is closed", status=1)
 
 
 # -- the prompt is checked before any weight ----------------------------------------------------
