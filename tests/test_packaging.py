@@ -73,13 +73,23 @@ def _distributions_of_modules() -> dict[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
+def _statements(tree: ast.Module) -> Iterator[ast.stmt]:
+    """Every statement of ``tree``, nested ones (in functions, classes, ifs, trys) included."""
+    stack: list = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            stack.extend(getattr(node, field, None) or [])
+
+
 def _third_party_imports() -> dict[str, set[str]]:
     """Top-level module names imported anywhere (module level or in a function) by the package's
     own files, outside the standard library, each with the files importing it."""
     found: dict[str, set[str]] = {}
     for folder in SOURCES:
         for path in sorted((ROOT / folder).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in _statements(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.Import):
                     names = [alias.name for alias in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0:
