@@ -1,6 +1,7 @@
 """The OpenAI wire format of ``tileinfer serve``: responses and stream chunks built as OpenAI's
-API shapes them, errors as ``{"error": {"message", "type", "param", "code"}}``, and stop strings
-matched in streamed text. Requests are checked by ``tileinfer.server_requests``.
+API shapes them, and errors as ``{"error": {"message", "type", "param", "code"}}``. Requests are
+checked by ``tileinfer.server_requests``. Each choice also carries vLLM's ``stop_reason``: the stop
+string or stop token that ended it (None otherwise).
 
 Logprobs (chat: ``logprobs: true`` and ``top_logprobs`` 0 to 20; completions: ``logprobs`` 0 to
 20) are of the model's raw distribution (log-softmax of its logits, before penalties and
@@ -32,42 +33,6 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
-
-
-# -- stop strings ------------------------------------------------------------------------------
-
-
-class StopMatcher:
-    """Cuts streamed text at the first stop string, matched across chunk boundaries: text that
-    could be the start of a stop string is held back until the next chunk tells."""
-
-    def __init__(self, stops: list[str]) -> None:
-        self.stops = stops
-        self.held = ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        """The text that may be sent now, and whether a stop string was found (the text then ends
-        right before it, and nothing more may be sent)."""
-        if not self.stops:
-            return text, False
-        buffer = self.held + text
-        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            self.held = ""
-            return buffer[:min(hits)], True
-        keep = 0
-        for s in self.stops:
-            for n in range(min(len(s) - 1, len(buffer)), keep, -1):
-                if buffer.endswith(s[:n]):
-                    keep = n
-                    break
-        self.held = buffer[len(buffer) - keep:] if keep else ""
-        return buffer[:len(buffer) - keep], False
-
-    def flush(self) -> str:
-        """What was held back, at the end of the generation (no stop string came)."""
-        held, self.held = self.held, ""
-        return held
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -126,10 +91,12 @@ def _top_dict(top: list[tuple[str, float]]) -> dict[str, float]:
 
 @dataclass
 class Choice:
-    """One finished choice: its text, finish reason and (when asked for) its tokens' logprobs."""
+    """One finished choice: its text, finish reason, stop reason (the stop string or token that
+    ended it) and (when asked for) its tokens' logprobs."""
 
     text: str
     finish: str
+    stop_reason: str | int | None = None
     logprobs: list[Logprob] | None = None
 
 
@@ -137,29 +104,32 @@ def response(kind: str, rid: str, created: int, model: str, choices: list[Choice
     """A whole reply: chat's ``message`` or completions' ``text`` per choice, indexed in order."""
     if kind == "chat":
         body = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                 "logprobs": logprobs_body(kind, c.logprobs), "finish_reason": c.finish} for i, c in enumerate(choices)]
-    else:
-        body = [{"index": i, "text": c.text, "logprobs": logprobs_body(kind, c.logprobs), "finish_reason": c.finish}
+                 "logprobs": logprobs_body(kind, c.logprobs), "finish_reason": c.finish, "stop_reason": c.stop_reason}
                 for i, c in enumerate(choices)]
+    else:
+        body = [{"index": i, "text": c.text, "logprobs": logprobs_body(kind, c.logprobs), "finish_reason": c.finish,
+                 "stop_reason": c.stop_reason} for i, c in enumerate(choices)]
     return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
             "model": model, "choices": body, "usage": counts}
 
 
 def chunk(kind: str, rid: str, created: int, model: str, *, index: int = 0, text: str | None = None,
-          finish: str | None = None, role: bool = False, counts: dict | None = None, include_usage: bool = False,
-          logprobs: dict | None = None) -> dict:
+          finish: str | None = None, stop_reason: str | int | None = None, role: bool = False,
+          counts: dict | None = None, include_usage: bool = False, logprobs: dict | None = None) -> dict:
     """One streamed chunk of choice ``index``: a text delta (``role`` on the first chat chunk) with
-    its tokens' ``logprobs`` (``logprobs_body``), the finish reason, or (``counts``) the last chunk
-    with usage and no choices."""
+    its tokens' ``logprobs`` (``logprobs_body``), the finish and stop reasons, or (``counts``) the
+    last chunk with usage and no choices."""
     if counts is not None:
         choices = []
     elif kind == "chat":
         delta: dict = {"role": "assistant", "content": text or ""} if role else {}
         if text and not role:
             delta["content"] = text
-        choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
+        choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+                    "stop_reason": stop_reason}]
     else:
-        choices = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}]
+        choices = [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish,
+                    "stop_reason": stop_reason}]
     out = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion", "created": created,
            "model": model, "choices": choices}
     if include_usage:

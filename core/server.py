@@ -6,12 +6,14 @@ time limits), then its body is decoded, validated (``tileinfer.server_requests``
 tokenized in a thread, off the event loop, so that no client's request stalls the others. It is
 admitted to a bounded queue (503 when ``queue_size`` requests already wait behind the one
 running); the engine's thread (``tileinfer.server_worker``) runs it and hands its text to the
-request's own asyncio queue. A client that goes away (or a stop string that matched) closes the
-stream at the next step, which frees the engine for the next request.
+request's own asyncio queue. A client that goes away closes the stream at the next step, which
+frees the engine for the next request.
 
-Per request, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed`` and the penalties default
-to the server's config (the checkpoint's generation_config.json, then ``--config``, the sampling
-flags and KEY=VALUE), and ``max_tokens`` to its ``max_new_tokens``. The wire format is
+A request's fields make one ``tileinfer.SamplingParams``: where a generation stops (EOS, stop
+strings, stop tokens) and the text it shows are the engine's, as for the CLI and the Python API.
+``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed`` and the penalties a request does not
+set take the server's config (the checkpoint's generation_config.json, then ``--config``, the
+sampling flags and KEY=VALUE), and ``max_tokens`` its ``max_new_tokens``. The wire format is
 ``tileinfer.openai_api``; the metrics and the access log are ``tileinfer.server_metrics``.
 """
 
@@ -19,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import time
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +36,7 @@ from tileinfer import __version__
 from tileinfer import openai_api as api
 from tileinfer import server_requests as requests
 from tileinfer.errors import ConfigError, UsageError
+from tileinfer.sampling_params import SamplingParams
 from tileinfer.openai_api import APIError, bad
 from tileinfer.server_guard import (ApiKey, ClientDisconnect, Guard, HeadDeadlineH11, allowed_hosts, api_key_of,
                                     read_body)
@@ -181,7 +185,7 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
         record = request.state.record
         record.prompt_tokens = sum(prepared.prompt_tokens)
         describe = _describer(engine.tokenizer) if parsed.top_n is not None else None
-        job = Job(prepared.streams, parsed.stop, asyncio.get_running_loop(), record, describe)
+        job = Job(prepared.streams, asyncio.get_running_loop(), record, describe)
         if not worker.submit(job):
             job.close()
             raise APIError(503, f"the server is busy: {worker.limit - 1} requests already wait; retry later",
@@ -198,13 +202,13 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
 
 def _prepare(engine, parsed) -> Prepared:
     """The engine's streams of a generation request (not started: the worker starts them);
-    APIError(400) for a sampling value or a prompt the engine rejects (too long, empty, not in the
-    vocabulary, a template that fails)."""
+    APIError(400) naming the field for params or a prompt the engine rejects (too long, empty, not
+    in the vocabulary, a template that fails)."""
+    fields = parsed.params()
     try:
-        sampling = replace(engine.default_sampling, **parsed.sampling())
-    except ConfigError as exc:  # "temperature=-1 is not valid: ..."
-        name = str(exc).partition("=")[0]
-        raise bad(str(exc), name if name in parsed.sampling() else None) from None
+        params = SamplingParams(**fields)
+    except UsageError as exc:  # "temperature=-1 is not valid: ..."
+        raise bad(str(exc), _field_of(str(exc), fields)) from None
     if isinstance(parsed, requests.ChatRequest):
         param, prompts = "messages", [_chat_ids(engine, parsed.template_messages(), parsed.chat_template_kwargs)]
     else:
@@ -213,16 +217,23 @@ def _prepare(engine, parsed) -> Prepared:
     try:
         for i, prompt in enumerate(prompts):
             ids = engine.encode_prompt(prompt) if isinstance(prompt, str) else prompt
-            streams.append(engine.stream(ids, max_new_tokens=parsed.max_tokens, sampling=sampling,
-                                         logprobs=parsed.top_n))
+            streams.append(engine.stream(ids, params))
             lengths.append(len(ids))
     except UsageError as exc:
         for stream in streams:
             stream.close()
         too_long = "positions, more than" in str(exc)
         where = f"prompt {i}: " if len(prompts) > 1 else ""
-        raise bad(where + str(exc), param, "context_length_exceeded" if too_long else None) from None
+        raise bad(where + str(exc), _field_of(str(exc), fields) or param,
+                  "context_length_exceeded" if too_long else None) from None
     return Prepared(parsed, streams, lengths)
+
+
+def _field_of(message: str, fields: dict) -> str | None:
+    """The field an error message starts with ("temperature=-1 is not valid", "stop is not valid",
+    "stop_token_ids: 9 is outside ..."), if it is one of ``fields``."""
+    name = re.match(r"\w*", message).group()
+    return name if name in fields else None
 
 
 def _chat_ids(engine, messages: list[dict], kwargs: dict, *, add_generation_prompt: bool = True,

@@ -71,7 +71,7 @@ class Reply:
         n = len(self.job.streams)
         texts: list[list[str]] = [[] for _ in range(n)]
         logprobs = [[] for _ in range(n)] if self.job.describe else None
-        finishes: list[str | None] = [None] * n
+        finishes: list[tuple | None] = [None] * n  # (finish_reason, stop_reason)
         try:
             async for event in self.events(request):
                 if event[0] == "text":
@@ -81,12 +81,12 @@ class Reply:
                 elif event[0] == "error":
                     raise server_error(event[1])
                 else:
-                    finishes[event[1]] = event[2]
+                    finishes[event[1]] = event[2:]
         finally:
             self._end()
         if not self.finished:
             return Response(status_code=499)  # not delivered: the client is gone
-        choices = [api.Choice("".join(t), f, logprobs[i] if logprobs is not None else None)
+        choices = [api.Choice("".join(t), *f, logprobs[i] if logprobs is not None else None)
                    for i, (t, f) in enumerate(zip(texts, finishes))]
         return JSONResponse(api.response(self.kind, self.rid, self.created, self.model, choices, self._usage()))
 
@@ -113,7 +113,7 @@ class Reply:
                     yield f"data: {json.dumps(server_error(event[1]).body())}\n\n"
                     return
                 else:
-                    yield chunk(index=event[1], finish=event[2])
+                    yield chunk(index=event[1], finish=event[2], stop_reason=event[3])
             if self.finished:
                 if include_usage:
                     yield chunk(counts=self._usage())

@@ -5,9 +5,14 @@
 OpenAI field tileinfer does not implement (``logit_bias``, tools, ``n`` > 1, ...: code
 ``unsupported_parameter``) unless it has its no-op value (``n: 1``, ``logit_bias: {}``).
 
+Besides OpenAI's fields, the generation requests take vLLM's ``top_k``, ``min_p``,
+``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
+``include_stop_str_in_output`` and ``skip_special_tokens`` (``tileinfer.SamplingParams`` fields),
+and chat's ``chat_template_kwargs``.
+
 Types are strict (``"1.2"`` is not a number, ``1`` is not a boolean; an integral float such as
 ``2.0`` counts as the integer 2) and ``null`` counts as absent, as in OpenAI's API. The sampling
-values' ranges are checked where they are used (``SamplingParams``), which names the field too.
+values' ranges are checked by ``tileinfer.SamplingParams``, whose error names the field too.
 """
 
 from __future__ import annotations
@@ -154,6 +159,11 @@ class _Generation(_Body):
     frequency_penalty: Number | None = None
     repetition_penalty: Number | None = None
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOPS)
+    stop_token_ids: list[Annotated[Int, Field(ge=0)]] = Field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: Int = Field(0, ge=0)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # OpenAI's end-user id for abuse monitoring: no effect
@@ -177,12 +187,17 @@ class _Generation(_Body):
     def include_usage(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling(self) -> dict[str, Any]:
-        """The SamplingParams fields the request sets (``top_k: -1`` is off, as vLLM spells it)."""
+    def params(self) -> dict[str, Any]:
+        """The ``tileinfer.SamplingParams`` fields of the request: the sampling values it sets (the
+        others take the engine's defaults; ``top_k: -1`` is off, as vLLM spells it), its length,
+        stops and logprobs."""
         out = {name: getattr(self, name) for name in self.SAMPLING if getattr(self, name) is not None}
         if out.get("top_k") == -1:
             out["top_k"] = 0
-        return out
+        return {**out, "max_tokens": self.max_tokens, "stop": self.stop, "stop_token_ids": self.stop_token_ids,
+                "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens,
+                "include_stop_str_in_output": self.include_stop_str_in_output,
+                "skip_special_tokens": self.skip_special_tokens, "logprobs": self.top_n}
 
 
 class ChatRequest(_Generation):

@@ -1,7 +1,8 @@
 """The thread of ``tileinfer serve`` that runs the engine: admitted jobs one at a time, in arrival
 order, each job's prompts one after another, every event handed to the job's own asyncio queue
 (so nothing is lost or mixed between requests), with the timings the metrics and the access log
-report."""
+report. Where a generation stops (EOS, stop strings, stop tokens) is the engine's
+(``tileinfer.stops``)."""
 
 from __future__ import annotations
 
@@ -14,24 +15,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tileinfer import openai_api as api
-from tileinfer.openai_api import StopMatcher
 from tileinfer.server_metrics import Metrics, RequestRecord
 
-_FINISH = {"eos": "stop", "length": "length"}
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
 @dataclass
 class Job:
-    """One admitted request: an engine stream per prompt (not started), the stop strings, and the
-    queue of events the worker sends back, in order: ("text", index, str, logprobs) and
-    ("done", index, finish_reason) per prompt, or ("error", exception) which ends the job.
+    """One admitted request: an engine stream per prompt (not started), and the queue of events
+    the worker sends back, in order: ("text", index, str, logprobs) and ("done", index,
+    finish_reason, stop_reason) per prompt, or ("error", exception) which ends the job.
     ``describe`` turns the engine's TokenLogprob into an ``openai_api.Logprob``; the logprobs of a
     "text" event are its tokens' (None when the request asked for none; tokens whose text is held
     back go with the next event). ``record`` receives the token counts and the first token's
     time."""
 
     streams: list[Iterator]
-    stops: list[str]
     loop: asyncio.AbstractEventLoop
     record: RequestRecord
     describe: Callable[[Any], api.Logprob] | None = None
@@ -107,8 +106,7 @@ class Worker:
     def _run(self, job: Job, index: int, stream: Iterator) -> bool:
         """Prompt ``index`` of ``job``, its events sent; False when the job ends here (cancelled,
         or an error)."""
-        matcher = StopMatcher(job.stops)
-        finish, last = None, None
+        stats, last = None, None
         pending: list[api.Logprob] | None = [] if job.describe else None
         try:
             for piece in stream:
@@ -118,24 +116,16 @@ class Worker:
                     last = self._timed(job, len(piece.token_ids), last)
                 if pending is not None and piece.logprobs:
                     pending += [job.describe(lp) for lp in piece.logprobs]
-                text, stopped = matcher.push(piece.text or "")
-                if text:
-                    job.send("text", index, text, pending)
+                if piece.text or (piece.stats is not None and pending):
+                    job.send("text", index, piece.text or "", pending)
                     pending = [] if pending is not None else None
-                if stopped:
-                    finish = "stop"
-                    break
-                if piece.stats is not None:
-                    finish = _FINISH[piece.stats.finish_reason]
+                stats = piece.stats or stats
         except Exception as exc:  # noqa: BLE001 - reported to the request, the server goes on
             job.send("error", exc)
             return False
         finally:
-            stream.close()  # a stop string matched: free the engine now
-        rest = matcher.flush() if finish != "stop" else ""
-        if rest or pending:
-            job.send("text", index, rest, pending)
-        job.send("done", index, finish or "length")
+            stream.close()
+        job.send("done", index, _FINISH[stats.finish_reason], stats.stop_reason)
         return True
 
     def _timed(self, job: Job, tokens: int, last: float | None) -> float:

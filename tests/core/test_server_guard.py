@@ -244,3 +244,16 @@ def test_others_are_answered_while_a_body_trickles_in(keyed):
         assert post(keyed, "/v1/completions", BODY).status_code == 200  # while the other body is still arriving
         answered.set()
         assert slow.result().status_code == 200
+
+
+@pytest.mark.parametrize("flags,env,words", [(["--api-key", ""], {}, "--api-key is blank"),
+                                             ([], {"TILEINFER_API_KEY": " "}, "TILEINFER_API_KEY is blank"),
+                                             (["--api-key-file", "/nonexistent/key"], {}, "cannot read")])
+def test_serve_refuses_a_blank_key_at_startup(tiny_checkpoint, capsys, monkeypatch, flags, env, words):
+    from tileinfer.cli import main
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["serve", "--model", str(tiny_checkpoint), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and len(err.splitlines()) == 1

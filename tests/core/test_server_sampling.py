@@ -128,3 +128,51 @@ def test_completion_logprobs_shape(client, engine):
 ])
 def test_bad_logprobs_are_a_400(url, path, body, param):
     assert_error(post(url, path, body), 400, param)
+
+
+def vllm_cases(reference) -> list[dict]:
+    """vLLM's fields, each with values that change the reply of the tiny model's greedy run."""
+    ids = reference.generate("def add(a, b):", tileinfer.SamplingParams(max_tokens=12)).token_ids
+    text = reference.generate("def add(a, b):", tileinfer.SamplingParams(max_tokens=12)).text
+    stop = text[3:5]
+    return [{"stop_token_ids": [ids[2]]},
+            {"stop_token_ids": [ids[0]], "min_tokens": 4},
+            {"stop": [stop], "include_stop_str_in_output": True},
+            {"stop": [stop]},
+            {"ignore_eos": True, "max_tokens": 20},
+            {"skip_special_tokens": False}]
+
+
+def test_vllm_fields_reach_the_engine(url, reference):
+    for fields in vllm_cases(reference):
+        params = {"max_tokens": 12, **fields}
+        expected = reference.generate("def add(a, b):", tileinfer.SamplingParams(**params))
+        reply = post(url, "/v1/completions", {"prompt": "def add(a, b):", **params}).json()
+        choice = reply["choices"][0]
+        finish = {"eos": "stop"}.get(expected.stats.finish_reason, expected.stats.finish_reason)
+        assert (choice["text"], choice["finish_reason"], choice["stop_reason"]) \
+            == (expected.text, finish, expected.stats.stop_reason), fields
+        assert reply["usage"]["completion_tokens"] == len(expected.token_ids), fields
+
+
+@pytest.mark.parametrize("body,param", [({"min_tokens": -1}, "min_tokens"), ({"stop_token_ids": [-1]},
+                                                                             "stop_token_ids[0]"),
+                                        ({"stop_token_ids": [1 << 20]}, "stop_token_ids"),
+                                        ({"min_tokens": 9, "max_tokens": 2}, "min_tokens"),
+                                        ({"ignore_eos": 1}, "ignore_eos"), ({"skip_special_tokens": "no"},
+                                                                            "skip_special_tokens")])
+def test_bad_vllm_fields_are_a_400_naming_them(url, body, param):
+    assert_error(post(url, "/v1/completions", {"prompt": "hi", **body}), 400, param)
+
+
+def test_every_vllm_field_is_passed_to_the_engine(url, engine, monkeypatch):
+    seen = []
+    stream = engine.stream
+    monkeypatch.setattr(engine, "stream", lambda ids, params: seen.append(params) or stream(ids, params))
+    fields = {"stop": ["\x00a", "\x00b"], "stop_token_ids": [7, 9], "ignore_eos": True, "min_tokens": 2,
+              "include_stop_str_in_output": True, "skip_special_tokens": False, "top_k": 5, "min_p": 0.1,
+              "repetition_penalty": 1.1, "seed": 4, "max_tokens": 3}
+    assert post(url, "/v1/completions", {"prompt": "hi", "logprobs": 2, **fields}).status_code == 200
+    params = seen[0]
+    assert {k: getattr(params, k) for k in fields} == {**fields, "stop": ("\x00a", "\x00b"), "stop_token_ids": (7, 9)}
+    assert params.logprobs == 2 and params.temperature is None  # unset: the engine's default
