@@ -31,7 +31,7 @@ from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk,
                                                         round_to, rope_rotate, scale_normalized, silu_mul_f32)
 from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, load_q_rows
 
-BLOCK_T = 16  # token rows of every GEMV tile (T = 1..16 padded)
+BLOCK_T = tl.constexpr(16)  # token rows of every GEMV tile (T = 1..16 padded)
 
 
 @triton.jit

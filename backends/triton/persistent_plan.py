@@ -105,7 +105,7 @@ class StepBuffers:
 
     @classmethod
     def allocate(cls, shape: StepShape, dtype: torch.dtype, device: torch.device, captures: int) -> "StepBuffers":
-        s, rows = shape, BLOCK_T
+        s, rows = shape, BLOCK_T.value
         partials = s.kv_heads * s.num_splits * rows * s.group
 
         def zeros(*size, dt=dtype):

@@ -20,11 +20,11 @@ from dflash_checkpoints import make_dflash
 from tileinfer.interfaces import Step
 from tileinfer.model import stack_forward
 from tileinfer.plugins.per_op import PerOpForward
-from tileinfer.plugins.persistent import PersistentForward
+from tileinfer.plugins.persistent_forward import PersistentForward
 
 pytestmark = pytest.mark.gpu
 TARGET = dict(layers=7, hidden=96, heads=4, kv_heads=2, head_dim=32, intermediate=160, vocab=320, tie=True,
-              tokenizer=False, std=0.2)
+              tokenizer=False, std=0.2, max_positions=2048)
 CONTEXT = 1000
 
 

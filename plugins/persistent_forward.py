@@ -1,0 +1,175 @@
+"""PersistentForward, the class of ``forward=persistent`` (registered by plugins/persistent.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+
+from tileinfer.backends.triton.interpreter import interpreted, kernels_run_on, sms_of
+from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, StepShape, layer_pointer_table,
+                                                       resident_programs)
+from tileinfer.backends.triton.persistent_step import launch_persistent_step
+from tileinfer.interfaces import ForwardPass, KVStore, RunSpec, Step
+from tileinfer.model import Qwen3Model, stack_forward
+from tileinfer.notices import notice
+from tileinfer.options import Option
+
+MAX_TOKENS = 16
+
+
+class PersistentForward(ForwardPass):
+    """``forward=persistent``: see plugins/persistent.py."""
+
+    declared_options = (
+        Option("programs_per_sm", int, 2, "programs of the persistent grid per multiprocessor (fewer where "
+               "fewer fit: every program must be resident)", minimum=1),
+        Option("num_splits", int, 16, "attention partitions per kv head", minimum=1),
+        Option("chunk", int, 128, "positions per attention chunk (a multiple of 64); the partitions take "
+               "chunks round-robin", minimum=64),
+        Option("block_k", int, 256, "K columns per GEMV chunk (a power of two)", minimum=16),
+        Option("block_n", str, "16,16,16,16,64", "output columns per GEMV tile of qkv, o_proj, gate_up, down, "
+               "lm_head (powers of two >= 16)"),
+    )
+
+    @classmethod
+    def incompatibilities(cls, run: RunSpec) -> list[str]:
+        reasons = []
+        if not kernels_run_on(run.device):
+            reasons.append(f"the persistent step is a Triton kernel: it needs a CUDA GPU, and device is "
+                           f"{run.device.type} (or set TRITON_INTERPRET=1)")
+        o = run.options
+        sizes = [int(x) for x in o["block_n"].split(",") if x.strip().isdigit()]
+        if len(sizes) != 5 or any(b < 16 or b & (b - 1) for b in sizes):
+            reasons.append(f"options.persistent.block_n={o['block_n']!r}: five powers of two >= 16, comma-separated")
+        if o["block_k"] & (o["block_k"] - 1):
+            reasons.append(f"options.persistent.block_k={o['block_k']}: a power of two")
+        if o["chunk"] % 64:
+            reasons.append(f"options.persistent.chunk={o['chunk']}: a multiple of 64")
+        return reasons
+
+    def __init__(self, model, *, options=None) -> None:
+        super().__init__(model, options=options)
+        self._noticed: set[str] = set()
+        self._bound: tuple[KVStore, torch.Tensor, StepBuffers] | None = None
+        self._plans: dict[tuple[bool, tuple[int, ...]], StepPlan] = {}
+        self._programs = 0
+        self.reason = self._model_reason(model)
+        if self.reason is None:
+            self.shape = self._shape(model)
+        self._note(self.reason)
+
+    def _model_reason(self, model) -> str | None:
+        if not isinstance(model, Qwen3Model):
+            return f"it runs Qwen3 decoder stacks, not {type(model).__name__}"
+        c, layers = model.config, model.layers
+        if c.head_dim < 16 or c.head_dim & (c.head_dim - 1):
+            return f"head_dim {c.head_dim} is not a power of two >= 16"
+        group = c.num_heads // c.num_kv_heads
+        if group & (group - 1):
+            return f"{group} query heads per kv head is not a power of two"
+        linears = [lin for layer in layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        if any(not hasattr(lin, "weight") or not hasattr(lin, "scale") for lin in linears + [model.lm_head]):
+            return "the linear implementation keeps no weight and scale it can read"
+        formats = {(lin.weight.dtype, lin.scale is None) for lin in linears}
+        if len(formats) > 1:
+            return "the layers' linears store their weights in different formats"
+        return None
+
+    def _shape(self, model: Qwen3Model) -> StepShape:
+        c, o = model.config, self.options
+        return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                         intermediate=c.intermediate_size, vocab=model.lm_head.out_features, layers=c.num_layers,
+                         page_size=0, num_splits=o["num_splits"], chunk=o["chunk"], block_k=o["block_k"],
+                         block_n=tuple(int(x) for x in o["block_n"].split(",")))
+
+    def _note(self, reason: str | None) -> None:
+        if reason is not None and reason not in self._noticed:
+            self._noticed.add(reason)
+            notice(f"forward=persistent: {reason}; those steps run the per-op step")
+
+    def _bind(self, kv: KVStore) -> tuple[torch.Tensor, StepBuffers]:
+        """The pointer table and buffers for ``kv``'s pages (built once per store)."""
+        if self._bound is None or self._bound[0] is not kv:
+            m = self.model
+            pages = [kv.layer(n) for n in range(len(m.layers))]
+            self.shape = StepShape(**{**self.shape.__dict__, "page_size": kv.page_size})
+            rows = []
+            for layer, page in zip(m.layers, pages):
+                rows.append(dict(qkv_w=layer.qkv.weight, qkv_s=_scale(layer.qkv), o_w=layer.o_proj.weight,
+                                 o_s=_scale(layer.o_proj), gate_up_w=layer.gate_up.weight,
+                                 gate_up_s=_scale(layer.gate_up), down_w=layer.down.weight,
+                                 down_s=_scale(layer.down), input_norm=layer.qkv.norm.weight,
+                                 post_norm=layer.gate_up.norm.weight, q_norm=layer.attention.q_norm_weight,
+                                 k_norm=layer.attention.k_norm_weight, k_pages=page.k, v_pages=page.v))
+            table = layer_pointer_table(rows, m.device)
+            bufs = StepBuffers.allocate(self.shape, m.dtype, m.device, captures=len(m.layers))
+            self._bound = (kv, table, bufs)
+            self._plans.clear()
+        return self._bound[1], self._bound[2]
+
+    def _step_reason(self, step: Step, kv: KVStore) -> str | None:
+        if self.reason is not None:
+            return self.reason
+        if kv.storage != "dtype":
+            return f"KV pages stored as {kv.storage} are not covered yet"
+        if not step.causal:
+            return "non-causal steps (a block drafter's) are not covered"
+        return None
+
+    def __call__(self, token_ids: torch.Tensor, step: Step, kv: KVStore, *, capture: Collection[int] = (),
+                 rows: torch.Tensor | None = None, last_only: bool = False,
+                 logits: bool = True) -> tuple[torch.Tensor | None, dict[int, torch.Tensor]]:
+        reason = self._step_reason(step, kv)
+        if reason is not None or step.num_tokens > MAX_TOKENS:
+            self._note(reason)
+            return stack_forward(self.model, token_ids, step, kv, capture=capture, rows=rows, last_only=last_only,
+                                 logits=logits)
+        m, t = self.model, step.num_tokens
+        table, bufs = self._bind(kv)
+        key = (logits, tuple(sorted(capture)))
+        plan = self._plans.get(key) or self._plans.setdefault(
+            key, StepPlan.build(self.shape, m.device, logits=logits, capture=key[1]))
+        torch.index_select(m.embed, 0, token_ids, out=bufs.h[:t])
+        self._launch(plan, table, bufs, step)
+        hidden = {layer: bufs.capture[i, :t] for i, layer in enumerate(plan.capture)}
+        if not logits:
+            return None, hidden
+        out = bufs.logits[:t]
+        if rows is not None:
+            out = out.index_select(0, rows)
+        elif last_only:
+            out = out[-1:]
+        return out, hidden
+
+    def _launch(self, plan: StepPlan, table: torch.Tensor, bufs: StepBuffers, step: Step) -> None:
+        m, kv_pages = self.model, self._bound[0].layer(0)
+        layer0 = m.layers[0]
+        lm = m.lm_head
+        args = (plan, self.shape, bufs, table, step.positions, self._bound[0].block_table, layer0.attention.rope.cos,
+                layer0.attention.rope.sin, lm.weight, lm.scale, lm.norm.weight, layer0.qkv.weight,
+                tuple(kv_pages.k.stride()[:3]), m.config.rms_norm_eps)
+        dot_f32 = interpreted(m.device)
+        if not self._programs:
+            self._programs = 1 if dot_f32 else self._grid(args)
+        launch_persistent_step(*args, self._programs, dot_f32)
+
+    def _grid(self, args: tuple) -> int:
+        """Programs of the grid: ``programs_per_sm`` per multiprocessor, fewer where fewer fit."""
+        device = self.model.device
+        sms = sms_of(device)
+        compiled = launch_persistent_step(*args, sms, False, warmup=True)
+        shared = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+        fit = resident_programs(compiled, sms, shared)
+        per_sm = min(self.options["programs_per_sm"], fit)
+        if per_sm < 1:
+            raise RuntimeError("the persistent step's kernel does not fit on a multiprocessor")
+        if per_sm < self.options["programs_per_sm"]:
+            notice(f"forward=persistent: {per_sm} programs per multiprocessor fit "
+                   f"(options.persistent.programs_per_sm={self.options['programs_per_sm']})")
+        return sms * per_sm
+
+
+def _scale(linear) -> torch.Tensor:
+    """A linear's float32 row scales; its weight stands in where it has none (never read)."""
+    return linear.weight if linear.scale is None else linear.scale
