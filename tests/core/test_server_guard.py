@@ -15,8 +15,8 @@ import pytest
 
 httpx = pytest.importorskip("httpx")  # the server's stack: installed by the [test] extra, absent on the GPU machine
 
-from test_server import KEY, assert_error, post, running, serving  # noqa: E402
-from test_server import engine  # noqa: E402, F401  (its fixture: the served engine)
+from test_server import KEY, assert_error, post, serving  # noqa: E402
+from test_server import engine, url  # noqa: E402, F401  (its fixtures: the served engine, a server with KEY)
 from tileinfer import server_requests  # noqa: E402
 from tileinfer.errors import UsageError  # noqa: E402
 from tileinfer.server import create_app  # noqa: E402
@@ -24,12 +24,6 @@ from tileinfer.server_guard import api_key_of  # noqa: E402
 
 LIMIT = 64 << 10  # the open server's body limit
 BODY = {"prompt": "hi", "max_tokens": 2}
-
-
-@pytest.fixture(scope="module")
-def keyed(engine):
-    with running(engine, api_key=KEY) as base:
-        yield base
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +64,16 @@ def server_log():
     (f"Bearer {KEY}x", 401), (f"Bearer {KEY.upper()}", 401), (f"Basic {KEY}", 401), (f"Bearer{KEY}", 401),
     (KEY, 401), ("Bearer", 401), ("", 401),
 ])
-def test_the_key_is_compared_exactly(keyed, header, status):
-    r = httpx.post(f"{keyed}/v1/completions", json=BODY, headers={"Authorization": header} if header else {})
+def test_the_key_is_compared_exactly(url, header, status):
+    r = httpx.post(f"{url}/v1/completions", json=BODY, headers={"Authorization": header} if header else {})
     assert r.status_code == status, r.text
     if status == 401:
         assert r.json()["error"]["code"] == "invalid_api_key"
 
 
 @pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
-def test_tokenize_needs_the_key(keyed, path):
-    assert_error(post(keyed, path, {"prompt": "hi", "tokens": [1]}, key=None), 401)
+def test_tokenize_needs_the_key(url, path):
+    assert_error(post(url, path, {"prompt": "hi", "tokens": [1]}, key=None), 401)
 
 
 def test_a_blank_key_is_an_error_not_auth_off(engine, tmp_path, caplog):
@@ -118,8 +112,8 @@ def test_a_foreign_host_header_is_refused_without_a_key(open_url, host, status):
         assert r.json()["error"]["code"] == "host_not_allowed"
 
 
-def test_any_host_header_with_a_key(keyed):
-    r = httpx.post(f"{keyed}/v1/completions", json=BODY, headers={"Host": "api.example.com",
+def test_any_host_header_with_a_key(url):
+    r = httpx.post(f"{url}/v1/completions", json=BODY, headers={"Host": "api.example.com",
                                                                    "Authorization": f"Bearer {KEY}"})
     assert r.status_code == 200, r.text
 
@@ -228,7 +222,7 @@ def test_parsing_and_templating_run_off_the_event_loop(open_url, engine, monkeyp
     assert on_loop == [False, False]
 
 
-def test_others_are_answered_while_a_body_trickles_in(keyed):
+def test_others_are_answered_while_a_body_trickles_in(url):
     sent_first_part, answered = threading.Event(), threading.Event()
 
     def trickle():
@@ -238,10 +232,10 @@ def test_others_are_answered_while_a_body_trickles_in(keyed):
         yield b"x" * 64 + b'"}'
 
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(httpx.post, f"{keyed}/v1/completions", content=trickle(),
+        slow = pool.submit(httpx.post, f"{url}/v1/completions", content=trickle(),
                            headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
         assert sent_first_part.wait(20)
-        assert post(keyed, "/v1/completions", BODY).status_code == 200  # while the other body is still arriving
+        assert post(url, "/v1/completions", BODY).status_code == 200  # while the other body is still arriving
         answered.set()
         assert slow.result().status_code == 200
 

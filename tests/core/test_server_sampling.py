@@ -12,22 +12,11 @@ openai = pytest.importorskip("openai")  # the server's stack: installed by the [
 
 import tileinfer  # noqa: E402
 from conftest import REFERENCE_CPU as BASE  # noqa: E402
-from test_server import KEY, assert_error, model_id, post, running  # noqa: E402
-from test_server import engine, reference  # noqa: E402, F401  (its fixtures: the served engine, one to compare)
+from test_server import assert_error, model_id, post  # noqa: E402
+from test_server import client, engine, reference, url  # noqa: E402, F401  (its fixtures: a server with its key, engines)
 from tileinfer.interfaces import SamplingParams  # noqa: E402
 
 PENALTIES = dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3)
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with running(engine, api_key=KEY) as base:
-        yield base
-
-
-@pytest.fixture(scope="module")
-def client(url):
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=60)
 
 
 def test_penalties_per_request_match_the_engine(client, engine, reference):
