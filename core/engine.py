@@ -41,7 +41,7 @@ from tileinfer.resolution import ResolvedConfig, implementation_options, resolve
 from tileinfer.sampling_params import SamplingParams
 from tileinfer.sampling_step import TokenLogprob, check_logprobs
 from tileinfer.steps import build_forward
-from tileinfer.stops import Completion
+from tileinfer.stops import Completion, StopTokenBan
 from tileinfer.threads import cpu_threads
 
 Prompt = str | Sequence[int] | torch.Tensor | np.ndarray  # text, or token ids
@@ -163,7 +163,8 @@ class Engine:
         config = self.config
         plan = DecodePlan.from_config(config, self.proposer, self.device)
         entry = self.registry.entry("sampler", config.sampler)
-        return build_decoder(plan, build_forward(self.model, config, self.registry), self.kv, self.sampler,
+        self.stop_ban = StopTokenBan(self.sampler)  # min_tokens: the stop tokens kept from being sampled early
+        return build_decoder(plan, build_forward(self.model, config, self.registry), self.kv, self.stop_ban,
                              who=f"sampler={config.sampler} ({entry.origin})", prefill_chunk=config.prefill_chunk,
                              progress=self.progress)
 
@@ -294,11 +295,11 @@ class Engine:
         try:
             self.sampler.params = params.resolved(self.default_sampling)
             completion = Completion(params, self.model_config.eos_token_ids, self.tokenizer)
-            # Before min_tokens the decoder must not stop at a stop token: the completion ends it.
-            stops = () if params.min_tokens else completion.stop_tokens
+            self.stop_ban.ban(completion.stop_tokens, params.min_tokens)
             out: list[int] = []
             start = time.perf_counter()
-            run = self.decoder.run(ids, params.max_tokens or self.config.max_new_tokens, stops, params.logprobs)
+            run = self.decoder.run(ids, params.max_tokens or self.config.max_new_tokens, completion.stop_tokens,
+                                   params.logprobs)
             try:
                 for tokens in run:
                     kept, text, done = completion.take(tokens)

@@ -39,8 +39,9 @@ class SamplingParams:
     ``stop``: strings that end the generation where the text first contains one (the text ends
     before it unless ``include_stop_str_in_output``); ``stop_token_ids``: tokens that end it (their
     text left out unless ``include_stop_str_in_output``, as for an EOS); ``ignore_eos``: the
-    checkpoint's EOS tokens do not end it (``stop_token_ids`` still do); ``min_tokens``: none of
-    these ends it before that many tokens were generated (the tokens are kept).
+    checkpoint's EOS tokens do not end it (``stop_token_ids`` still do); ``min_tokens``: the first
+    that many tokens are never an EOS or a stop token (they are not sampled there, as in vLLM) and a
+    stop string they complete does not end the generation.
 
     Output: ``skip_special_tokens`` leaves special tokens out of the text; ``logprobs``: each
     token's log-probability and the ``logprobs`` most likely tokens of its position (0 to 20;

@@ -6,13 +6,17 @@ gets: the tokens up to the first stop (an EOS unless ``ignore_eos``, a token of
 ``stop_token_ids``, or a stop string completed by that token), and their text, piece by piece
 (``tileinfer.tokenizer.StreamDecoder``). Text that could be the start of a stop string is held back
 until a later token tells, so a stream never shows part of a stop string that then completes. The
-first ``min_tokens`` tokens never end the generation.
+first ``min_tokens`` tokens never end the generation: ``StopTokenBan`` keeps the stop tokens from
+being sampled there (vLLM's min_tokens), and a stop string completed there is not a stop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+import torch
+
+from tileinfer.interfaces import Sample, Sampler, SamplingParams as SamplerParams, TokenHistory
 from tileinfer.sampling_params import SamplingParams
 from tileinfer.tokenizer import Tokenizer
 
@@ -113,4 +117,63 @@ class Completion:
         return shown + self.stops.flush()
 
 
-__all__ = ["Completion", "StopStrings"]
+class StopTokenBan(Sampler):
+    """``sampler`` (the engine's) with a generation's stop tokens banned, their logits set to
+    ``-inf``, at the positions before ``min_tokens`` (``ban``); the rest as ``sampler`` does it.
+
+    The row of each logit is placed by the token history (row ``i`` follows ``history.length + i``
+    tokens), which the decoder keeps while a ban is set (``uses_history``): exact for plain,
+    pipelined and verify steps alike. A caller with no history (a proposer's draft) is not banned.
+    """
+
+    def __init__(self, sampler: Sampler) -> None:  # noqa: D107 - no options of its own: the sampler's
+        self.sampler = sampler
+        self.banned = torch.zeros(0, dtype=torch.int64, device=sampler.device)
+        self.until = 0
+
+    def ban(self, tokens: Collection[int], until: int) -> None:
+        """Ban ``tokens`` from the first ``until`` new tokens of the next generation (0: none)."""
+        self.until = until if tokens else 0
+        self.banned = torch.tensor(sorted(tokens), dtype=torch.int64, device=self.sampler.device)
+
+    @property
+    def params(self) -> SamplerParams:
+        return self.sampler.params
+
+    @property
+    def device(self) -> torch.device:
+        return self.sampler.device
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self.sampler.generator
+
+    @property
+    def uses_history(self) -> bool:
+        return self.sampler.uses_history or self.until > 0
+
+    def _banned(self, logits: torch.Tensor, history: TokenHistory | None) -> tuple[torch.Tensor, TokenHistory | None]:
+        """The logits with the ban applied, and the history to hand the sampler (None where it reads none)."""
+        inner = history if self.sampler.uses_history else None
+        if not self.until or history is None:
+            return logits, inner
+        rows = min(logits.shape[0], self.until - (history.length - history.prompt_len))
+        if rows <= 0:
+            return logits, inner
+        logits = logits.clone()
+        logits[:rows, self.banned] = float("-inf")
+        return logits, inner
+
+    def probs(self, logits: torch.Tensor, history: TokenHistory | None = None) -> torch.Tensor:
+        logits, history = self._banned(logits, history)
+        return self.sampler.probs(logits) if history is None else self.sampler.probs(logits, history=history)
+
+    def sample(self, logits: torch.Tensor, history: TokenHistory | None = None, *,
+               return_probs: bool = False) -> Sample:
+        logits, history = self._banned(logits, history)
+        if history is None:
+            return self.sampler.sample(logits, return_probs=return_probs)
+        return self.sampler.sample(logits, history=history, return_probs=return_probs)
+
+
+__all__ = ["Completion", "StopStrings", "StopTokenBan"]

@@ -1,16 +1,21 @@
 """Where a generation stops (core/stops.py) and how the engine honours it: stop strings matched
-across tokens and never shown in part, stop_token_ids, ignore_eos and min_tokens."""
+across tokens and never shown in part, stop_token_ids, ignore_eos and min_tokens (the stop tokens
+banned from the first positions)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 import tileinfer
 from conftest import reference_engine
 from tileinfer import SamplingParams
-from tileinfer.stops import Completion, StopStrings
+from tileinfer.interfaces import SamplingParams as SamplerParams
+from tileinfer.interfaces import TokenHistory
+from tileinfer.plugins.reference.sampler import ReferenceSampler
+from tileinfer.stops import Completion, StopStrings, StopTokenBan
 from tileinfer.tokenizer import Tokenizer
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "target"
@@ -109,12 +114,32 @@ def test_the_engine_stops_at_a_stop_string_and_its_stream_never_shows_part_of_it
     assert kept.text == text[:text.index(stop) + len(stop)]
 
 
-def test_the_engine_honours_stop_token_ids_and_min_tokens(engine, free):
+def test_the_ban_places_each_row_by_the_history():
+    """A verify step of 3 rows after 4 new tokens, min_tokens 6: rows 0 and 1 (tokens 5 and 6) may
+    not be a stop token, row 2 may; the sampler's probabilities agree."""
+    ban = StopTokenBan(ReferenceSampler(SamplerParams(), "cpu"))
+    ban.ban({7, 3}, 6)
+    history = TokenHistory([1, 2], 16, torch.device("cpu"))
+    history.commit([4, 4, 4, 4])
+    logits = torch.zeros(3, 10)
+    logits[:, 7], logits[:, 3], logits[:, 5] = 3.0, 2.0, 1.0
+    assert ban.uses_history
+    assert ban.sample(logits, history).tokens.tolist() == [5, 5, 7]
+    assert ban.probs(logits, history)[:, 7].tolist() == [0.0, 0.0, 1.0]
+    ban.ban({7, 3}, 0)
+    assert not ban.uses_history and ban.sample(logits, history).tokens.tolist() == [7, 7, 7]
+
+
+def test_the_engine_honours_stop_token_ids_and_min_tokens(engine, tiny_checkpoint):
+    free = engine.generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True, logprobs=2))
     tokens = free.token_ids
     stop = tokens[1]
     result = engine.generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop]))
     assert result.token_ids == tokens[:2] and result.stats.finish_reason == "stop"
-    result = engine.generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop],
-                                                    min_tokens=3))
-    end = next((i + 1 for i in range(3, len(tokens)) if tokens[i] == stop), len(tokens))
-    assert result.token_ids == tokens[:end] and result.stats.new_tokens == end
+    params = SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop], min_tokens=6)
+    result = engine.generate(PROMPT, params).token_ids
+    assert stop not in result[:6] and len(result) >= 6
+    assert result[1] == free.logprobs[1].top[1][0]  # the stop token banned: the next most likely instead
+    assert stop not in result[6:-1] and (result[-1] == stop or len(result) == 24)
+    speculative = reference_engine(tiny_checkpoint, proposer="ngram", spec_k=3)  # verify steps of several rows
+    assert speculative.generate(PROMPT, params).token_ids == result
