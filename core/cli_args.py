@@ -68,8 +68,8 @@ def _stop_flags(parser: argparse.ArgumentParser) -> None:
                         help="do not stop at the checkpoint's end-of-sequence tokens (the reply runs to "
                              "--max-new-tokens or a stop string)")
     parser.add_argument("--min-tokens", type=int, default=0, metavar="N",
-                        help="generate N tokens at least before an end-of-sequence token or a stop string ends "
-                             "the reply (default 0)")
+                        help="the first N tokens of the reply are never an end-of-sequence token, and a stop "
+                             "string they complete does not end it (default 0)")
 
 
 def _global(parser: argparse.ArgumentParser, main: bool) -> None:
