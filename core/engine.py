@@ -152,6 +152,7 @@ class Engine:
             context = ProposerContext(self.model, self.sampler, config, self.registry,
                                       implementation_options(config, "proposer", self.registry), self.checkpoint)
             self.proposer = self.registry.get("proposer", config.proposer)(context)
+        self.stop_ban = StopTokenBan(self.sampler)  # the decoder's sampler: min_tokens bans the stop tokens early
         self.decoder = self._build_decoder()
         self._busy = threading.Lock()
 
@@ -163,7 +164,6 @@ class Engine:
         config = self.config
         plan = DecodePlan.from_config(config, self.proposer, self.device)
         entry = self.registry.entry("sampler", config.sampler)
-        self.stop_ban = StopTokenBan(self.sampler)  # min_tokens: the stop tokens kept from being sampled early
         return build_decoder(plan, build_forward(self.model, config, self.registry), self.kv, self.stop_ban,
                              who=f"sampler={config.sampler} ({entry.origin})", prefill_chunk=config.prefill_chunk,
                              progress=self.progress)
