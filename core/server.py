@@ -55,7 +55,6 @@ class Prepared:
     """A generation request ready to admit: its engine streams (one per prompt, not started) and
     their prompts' lengths."""
 
-    request: requests.ChatRequest | requests.CompletionRequest
     streams: list
     prompt_tokens: list[int]
 
@@ -76,6 +75,8 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
         raise UsageError(f"the queue size must be an integer >= 0, got {queue_size!r}")
     if api_key is not None and not api_key.strip():
         raise UsageError("the API key is blank: give a key, or None to serve without one")
+    if isinstance(served_model_names, str):
+        served_model_names = [served_model_names]
     names = list(served_model_names or [engine.folder.name])
     if not all(isinstance(n, str) and n.strip() for n in names):
         raise UsageError(f"served model names must be non-empty strings, got {names!r}")
@@ -226,7 +227,7 @@ def _prepare(engine, parsed) -> Prepared:
         where = f"prompt {i}: " if len(prompts) > 1 else ""
         raise bad(where + str(exc), _field_of(str(exc), fields) or param,
                   "context_length_exceeded" if too_long else None) from None
-    return Prepared(parsed, streams, lengths)
+    return Prepared(streams, lengths)
 
 
 def _field_of(message: str, fields: dict) -> str | None:

@@ -18,7 +18,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tileinfer.errors import UsageError
 from tileinfer.notices import notice
-from tileinfer.openai_api import APIError, error_body
+from tileinfer.openai_api import APIError
 
 API_KEY_ENV = "TILEINFER_API_KEY"
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")

@@ -25,7 +25,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Val
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from tileinfer.openai_api import APIError, bad
+from tileinfer.openai_api import bad
 
 MAX_DEPTH = 64  # nesting levels of a request body
 MAX_STOPS = 16

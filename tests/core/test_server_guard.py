@@ -226,7 +226,7 @@ def test_others_are_answered_while_a_body_trickles_in(url):
     sent_first_part, answered = threading.Event(), threading.Event()
 
     def trickle():
-        yield b'{"prompt": "'
+        yield b'{"max_tokens": 2, "prompt": "'
         sent_first_part.set()
         answered.wait(20)
         yield b"x" * 64 + b'"}'
