@@ -251,8 +251,11 @@ def _config_error(exc: OmegaConfBaseException) -> ConfigError:
     return ConfigError(f"config key {key!r}: {message}" if key else f"bad config: {message}")
 
 
+# Drafts per speculative step: a verify step of spec_k + 1 tokens; beyond a few hundred none is ever accepted,
+# and the per-step buffers grow with it.
+MAX_SPEC_K = 256
 INT_RANGES = {"max_new_tokens": (1, INT64_MAX), "top_k": (0, INT64_MAX), "seed": (0, INT64_MAX),
-              "spec_k": (1, INT64_MAX), "kv_page_size": (1, INT64_MAX), "kv_capacity": (1, INT64_MAX),
+              "spec_k": (1, MAX_SPEC_K), "kv_page_size": (1, INT64_MAX), "kv_capacity": (1, INT64_MAX),
               "prefill_chunk": (1, INT64_MAX), "threads": (0, 4096)}
 
 

@@ -221,7 +221,7 @@ def test_config_checks_the_model_folder_as_generate_does(capsys):
 
 
 @pytest.mark.parametrize("item, words", [
-    ("max_new_tokens=0", ["max_new_tokens=0", "[1, "]), ("spec_k=0", ["spec_k=0"]),
+    ("max_new_tokens=0", ["max_new_tokens=0", "[1, "]), ("spec_k=0", ["spec_k=0"]), ("spec_k=2738407475", ["[1, 256]"]),
     ("kv_capacity=-5", ["kv_capacity=-5"]), ("kv_page_size=0", ["kv_page_size=0"]),
     (f"kv_capacity={2**63}", ["kv_capacity="]), ("max_new_tokens=2.5", ["expected an integer"]),
     ("cuda_graphs=2", ["cuda_graphs=2", "true or false"]), ("top_k=yes", ["top_k=true"]),
