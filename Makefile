@@ -9,4 +9,4 @@ install:
 	$(VENV)/bin/pip install -q -c constraints.txt torch==2.13.0 -e '.[test]'
 
 test: install
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
