@@ -137,6 +137,7 @@ def resident_programs(compiled, num_sms: int, shared_per_sm: int, regs_per_sm: i
     """Programs per multiprocessor of a compiled kernel that can be resident at once (registers,
     shared memory, the hardware limit): a persistent grid larger than ``num_sms`` times this would
     wait on programs that never start."""
+    compiled._init_handles()  # loads the module: fills in n_regs
     threads = compiled.metadata.num_warps * 32
     by_regs = regs_per_sm // max(compiled.n_regs * threads, 1)
     shared = compiled.metadata.shared
