@@ -50,9 +50,9 @@ class Part:
 GRAPH_CHAIN = ("eager", "eager-per-op", "no-fused-kernels", "no-fused-kernels-no-pipelining", "no-pipelining",
                "no-fused-linears", "no-fused-attention-inputs", "no-pdl")
 REST = ("reference", "eager-per-op-dense-attention", "no-cuda-graphs", "torch-matmul", "eager-torch-matmul",
-        "int8-kv", "int8-int8-kv", "ngram")
+        "int8-kv", "int8-int8-kv", "ngram", "persistent")
 BF16_PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled")
-INT8 = ("int8", *peers_mod.INT8_PEERS)  # our INT8 weights beside the INT8 weight-only peers, at the INT8 targets
+INT8 = ("int8", "int8-persistent", *peers_mod.INT8_PEERS)  # our INT8 weights beside the INT8 weight-only peers, at the INT8 targets
 INT8_WORKLOADS = ("prefill1024", "decode128_ctx1024")
 PARTS = {  # minutes per part, setup and compilation included: 5-7
     "1": Part("Qwen3-0.6B", 0.5, GRAPH_CHAIN), "2": Part("Qwen3-0.6B", 0.5, REST),

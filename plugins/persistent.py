@@ -1,5 +1,5 @@
 """Plugin ``persistent``: steps of 1..16 tokens (decode, speculative verify) as one persistent
-Triton kernel (backends/triton/persistent_step.py); longer steps (prefill) and what the kernel
+Triton kernel (backends/triton/persistent.py); longer steps (prefill) and what the kernel
 does not cover run the per-op step, its twin.
 
 The kernel reads the weights the model's Linear and Attention implementations hold (``weight``

@@ -9,7 +9,7 @@ import torch
 from tileinfer.backends.triton.interpreter import interpreted, kernels_run_on, sms_of
 from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, StepShape, layer_pointer_table,
                                                        resident_programs)
-from tileinfer.backends.triton.persistent_step import launch_persistent_step
+from tileinfer.backends.triton.persistent import launch_persistent_step
 from tileinfer.interfaces import ForwardPass, KVStore, RunSpec, Step
 from tileinfer.model import Qwen3Model, stack_forward
 from tileinfer.notices import notice
@@ -77,11 +77,15 @@ class PersistentForward(ForwardPass):
         return None
 
     def _shape(self, model: Qwen3Model) -> StepShape:
+        """The options' tiles; under the interpreter, which runs the work items one after another
+        at a fixed cost each, at least 64 columns a GEMV tile and at most 2 splits a kv head."""
         c, o = model.config, self.options
+        block_n, splits = tuple(int(x) for x in o["block_n"].split(",")), o["num_splits"]
+        if interpreted(model.device):
+            block_n, splits = tuple(max(b, 64) for b in block_n), min(splits, 2)
         return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                          intermediate=c.intermediate_size, vocab=model.lm_head.out_features, layers=c.num_layers,
-                         page_size=0, num_splits=o["num_splits"], chunk=o["chunk"], block_k=o["block_k"],
-                         block_n=tuple(int(x) for x in o["block_n"].split(",")))
+                         page_size=0, num_splits=splits, chunk=o["chunk"], block_k=o["block_k"], block_n=block_n)
 
     def _note(self, reason: str | None) -> None:
         if reason is not None and reason not in self._noticed:

@@ -1,4 +1,4 @@
-"""The work items of the persistent decode step (persistent_step.py) as ``@triton.jit`` device
+"""The work items of the persistent decode step (persistent.py) as ``@triton.jit`` device
 functions, and the counters through which an item waits for its inputs.
 
 Every item computes the rows of the step's ``T <= 16`` tokens padded to fixed tiles (16 token rows

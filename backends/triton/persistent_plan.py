@@ -1,4 +1,4 @@
-"""Host side of the persistent decode step (persistent_step.py): the shapes a compiled kernel
+"""Host side of the persistent decode step (persistent.py): the shapes a compiled kernel
 serves (:class:`StepShape`), the work list of a step (:class:`StepPlan`), the buffers it works in
 (:class:`StepBuffers`) and the grid that fits on the device (:func:`resident_programs`)."""
 

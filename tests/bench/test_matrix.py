@@ -79,16 +79,17 @@ def test_the_parts_cover_every_variant_and_peer_once_per_shape(capsys):
     assert bench(["matrix", "--list-parts"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert listed[0] == f"1 Qwen3-0.6B default {' '.join(matrix.GRAPH_CHAIN)}"
-    assert listed[6] == "7 Qwen3-0.6B default int8 engine-compiled-int8 hf-torchao-int8 | prefill1024 decode128_ctx1024"
+    assert listed[6] == ("7 Qwen3-0.6B default int8 int8-persistent engine-compiled-int8 hf-torchao-int8 | "
+                         "prefill1024 decode128_ctx1024")
 
 
 def test_the_int8_peers_are_measured_beside_our_int8_at_the_int8_targets_workloads():
-    """One part per shape holds our INT8 weights and every INT8 peer, at prefill1024 and
+    """One part per shape holds our INT8 weights (per-op and persistent steps) and every INT8 peer, at prefill1024 and
     decode128_ctx1024 only, so that they are measured in the same run (and the same default)."""
     int8 = {p.shape: p for p in matrix.PARTS.values() if "int8" in p.names}
     assert set(int8) == {"Qwen3-0.6B", "Qwen3-4B"}
     for part in int8.values():
-        assert part.names == ("int8", *peers.INT8_PEERS) and part.workloads == ("prefill1024", "decode128_ctx1024")
+        assert part.names == ("int8", "int8-persistent", *peers.INT8_PEERS) and part.workloads == ("prefill1024", "decode128_ctx1024")
     assert all(p.workloads == NAMES for p in matrix.PARTS.values() if "int8" not in p.names)
 
 
@@ -98,5 +99,5 @@ def test_a_part_is_complete_when_every_row_of_its_shape_is_there():
     expected = matrix.expected("Qwen3-4B")
     assert ("default", "decode128_ctx32768") in expected and ("hf-torchao-int8", "prefill1024") in expected
     assert ("hf-torchao-int8", "decode128_ctx8192") not in expected
-    assert len(expected) == 4 * (1 + len(matrix.GRAPH_CHAIN) + len(matrix.REST) + len(matrix.BF16_PEERS)) + 2 * 3
+    assert len(expected) == 4 * (1 + len(matrix.GRAPH_CHAIN) + len(matrix.REST) + len(matrix.BF16_PEERS)) + 2 * 4
     assert matrix.expected("tiny") == set()

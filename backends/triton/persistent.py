@@ -1,6 +1,8 @@
-"""The decode step (1..16 tokens) of a Qwen3 decoder stack as one persistent kernel; twin: the
-per-op step (``tileinfer.model.stack_forward`` over the Triton Linear and Attention), which it
-equals up to the reduction orders stated in :func:`persistent_step`.
+"""The decode step (1..16 tokens) of a Qwen3 decoder stack as one persistent kernel; twin:
+backends/reference/persistent.py (``decode_step``, the torch ops one after another), which it equals
+up to reduction order: its GEMVs sum ``tl.dot`` products over BLOCK_K chunks, its RMSNorms sum
+squares chunk by chunk, its attention sums chunks of positions per split and the splits in order.
+Its own rows are batch-invariant: a token's row is the same bits whatever the step's T.
 
 Tiling and grid. Grid: ``programs`` programs, all resident at once (the caller sizes it to the
 machine: :func:`resident_programs`). The step is a list of work items in dependency order (built

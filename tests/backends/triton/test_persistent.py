@@ -1,0 +1,76 @@
+"""The persistent decode step against its twin (backends/reference/persistent.py ``decode_step``) on
+fresh random weights and pages, under the interpreter with one program taking every work item in
+order, its buffers poisoned (NaN) before the launch.
+
+Odd shapes: hidden 80 and intermediate 96 are not multiples of the 32-column K chunks, the vocab
+(200) not of the lm_head's 64-row tiles; 70 cached positions on pages of 16 in a shuffled block
+table span two 64-position chunks, so both attention splits work. The kernel reduces in other
+orders than the twin's matmuls (module docstring of backends/triton/persistent.py): float32
+logits agree to 1e-5 relative, float16 ones to 2e-3 (a few float16 ulps of the activations).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileinfer.backends.reference.persistent import decode_step
+from tileinfer.backends.reference.linear import quantize_int8
+from tileinfer.backends.triton.persistent import launch_persistent_step
+from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape, layer_pointer_table
+
+HIDDEN, HEADS, KV_HEADS, D, INTER, VOCAB, LAYERS, PAGE, START = 80, 4, 2, 32, 96, 200, 2, 16, 70
+SHAPE = StepShape(hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS, head_dim=D, intermediate=INTER, vocab=VOCAB,
+                  layers=LAYERS, page_size=PAGE, num_splits=2, chunk=64, block_k=32, block_n=(32, 32, 32, 32, 64))
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3)}
+
+
+def weights(dtype: torch.dtype, int8: bool, g: torch.Generator) -> tuple[list[dict], dict]:
+    def w(rows, cols):
+        x = (torch.randn(rows, cols, generator=g) * cols**-0.5).to(dtype)
+        return quantize_int8(x) if int8 else (x, torch.ones(rows))
+
+    def norm(n):
+        return (torch.rand(n, generator=g) + 0.5).to(dtype)
+
+    pages = START // PAGE + 2
+    layers = []
+    for _ in range(LAYERS):
+        layer = {"input_norm": norm(HIDDEN), "post_norm": norm(HIDDEN), "q_norm": norm(D), "k_norm": norm(D),
+                 "k_pages": torch.randn(pages, KV_HEADS, PAGE, D, generator=g).to(dtype),
+                 "v_pages": torch.randn(pages, KV_HEADS, PAGE, D, generator=g).to(dtype)}
+        for name, rows, cols in (("qkv", (HEADS + 2 * KV_HEADS) * D, HIDDEN), ("o", HIDDEN, HEADS * D),
+                                 ("gate_up", 2 * INTER, HIDDEN), ("down", HIDDEN, INTER)):
+            layer[f"{name}_w"], layer[f"{name}_s"] = w(rows, cols)
+        layers.append(layer)
+    lm_w, lm_s = w(VOCAB, HIDDEN)
+    return layers, dict(lm_w=lm_w, lm_s=lm_s, final_norm=norm(HIDDEN), block_table=torch.randperm(pages).int())
+
+
+@pytest.mark.parametrize("dtype, t, int8", [(torch.float32, 3, False), (torch.float16, 1, False),
+                                            (torch.float32, 2, True)])
+def test_the_step_is_its_twin(dtype, t, int8):
+    g = torch.Generator().manual_seed(t)
+    layers, rest = weights(dtype, int8, g)
+    angles = torch.arange(START + 16)[:, None] * torch.rand(D // 2, generator=g)[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    positions = torch.arange(START, START + t)
+    h = torch.randn(t, HIDDEN, generator=g).to(dtype)
+    twin_layers = [{k: v.clone() for k, v in layer.items()} for layer in layers]
+    ref, ref_hidden = decode_step(h, twin_layers, rest["lm_w"], rest["lm_s"], rest["final_norm"], positions,
+                                  rest["block_table"], cos, sin, 1e-6, HEADS, KV_HEADS, D, capture=(0,))
+
+    bufs = StepBuffers.allocate(SHAPE, dtype, torch.device("cpu"), captures=1)
+    bufs.poison()
+    bufs.h[:t] = h
+    plan = StepPlan.build(SHAPE, torch.device("cpu"), capture=(0,))
+    table = layer_pointer_table(layers, torch.device("cpu"))
+    launch_persistent_step(plan, SHAPE, bufs, table, positions, rest["block_table"], cos, sin, rest["lm_w"],
+                           rest["lm_s"] if int8 else None, rest["final_norm"], layers[0]["qkv_w"],
+                           tuple(layers[0]["k_pages"].stride()[:3]), 1e-6, 1, True)
+    torch.testing.assert_close(bufs.logits[:t], ref, **TOL[dtype])
+    torch.testing.assert_close(bufs.capture[0, :t], ref_hidden[0], **TOL[dtype])
+    for mine, twin in zip(layers, twin_layers):
+        for pages in ("k_pages", "v_pages"):
+            torch.testing.assert_close(mine[pages], twin[pages], **TOL[dtype])
+    assert not bufs.counters.any()
