@@ -126,7 +126,8 @@ def arguments(p) -> None:
                    "Qwen3-4B on a GPU, tiny on a CPU")
     p.add_argument("--model", type=Path, metavar="DIR", help="a real checkpoint folder instead of the random shapes "
                    "(e.g. models/target: the shipped family's speculative table divides by its ratios)")
-    p.add_argument("--variant", action="append", help="variant of bench/variants.py (default: default)")
+    p.add_argument("--variant", action="append", help="variant of bench/variants.py (default: default), with config "
+                   "overrides appended as VARIANT+KEY=VALUE+... (recorded under that name)")
     p.add_argument("--tokens", type=integers, default=[1, 2, 4, 8, 16], help="tokens per step (default 1,2,4,8,16)")
     p.add_argument("--contexts", type=integers, default=[1024, 8192] if GPU else [32, 256],
                    help="cached positions before the step (default 1024,8192; 32,256 on a CPU)")
@@ -162,7 +163,8 @@ def main(args) -> int:
     for shape, folder in folders:
         step1 = {}  # context -> the first variant's 1-token step, what the loop's ratios divide by
         for variant in variants:
-            runner = EngineRunner(folder, *engine_args(variant), max(args.contexts) + max(args.tokens))
+            base, *sets = variant.split("+")  # VARIANT+KEY=VALUE+...: an option tried without a new variant
+            runner = EngineRunner(folder, *engine_args(base, sets), max(args.contexts) + max(args.tokens))
             engine, mc, layout = runner.engine, runner.engine.model_config, runner.layout()
             try:
                 for n in args.contexts:
