@@ -93,9 +93,12 @@ PROPOSERS = [("ngram", 1), ("ngram", 3), ("ngram", 7), ("ngram", 15), ("draft", 
 
 @pytest.fixture(scope="module")
 def tiny_case(checkpoint_factory, tmp_path_factory):
+    """The target, a 2-layer draft model and a DFlash drafter with heads of 16 (attention=triton
+    takes power-of-two heads only)."""
     target = checkpoint_factory(**TARGET)
     drafts = {"draft": checkpoint_factory(**{**TARGET, "seed": 1, "layers": 2}),
-              "dflash": make_dflash(tmp_path_factory.mktemp("dflash") / "d", mask=5, max_positions=1024, block=16)}
+              "dflash": make_dflash(tmp_path_factory.mktemp("dflash") / "d", head_dim=16, mask=5, max_positions=1024,
+                                    block=16)}
     return target, drafts
 
 
