@@ -193,7 +193,7 @@ def test_a_proposer_gets_the_hidden_states_of_every_chunk(folder, chunk):
     for n in (0, 1):
         joined = torch.cat([h[n] for _, _, h in recording.chunks])
         assert joined.shape == (90, 64)
-        torch.testing.assert_close(joined, whole.chunks[0][2][n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(joined, whole.chunks[0][2][n], atol=1e-4, rtol=1e-4)  # float32: BLAS blocks a chunk differently
 
 
 # The Triton kernels under the interpreter cost seconds a step, growing with the weight rows and the
