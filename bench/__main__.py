@@ -19,6 +19,7 @@ COMMANDS = {
     "dflash-step": ("steps", "dflash_", "one DFlash step taken apart, against a decode step"),
     "kernels": ("kernels", "", "Triton kernels against their twins: the small ops, paged attention, the linear"),
     "server": ("server", "", "time to first token and tok/s through tileinfer serve against the engine"),
+    "install": ("install", "", "the venv of pip install . against make install's, and generate run in it"),
     "quality": ("quality", "", "weight-only INT8 against the model dtype: KL and top-1 agreement"),
     "defaults": ("quality", "defaults_", "which sampling defaults keep the shipped model from looping"),
     "check": ("gpu", "check_", "one GPU call of measurements beside the matrix: steps, gemv, gemm, spec, ttft"),

@@ -24,7 +24,7 @@ from . import records as records_mod
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 # The modules whose tables() the report shows, in this order.
-MODULES = ("matrix", "steps", "speculative", "kernels", "server", "quality", "peers")
+MODULES = ("matrix", "steps", "speculative", "kernels", "server", "install", "quality", "peers")
 
 
 @dataclass(frozen=True)
