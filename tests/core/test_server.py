@@ -22,7 +22,8 @@ from tileinfer.server import create_app, uvicorn_config  # noqa: E402
 
 KEY = "sk-test-key"
 PROMPTS = ["def add(a, b):", "class Point:", "for i in range(10):", "import os", "The quick brown fox",
-           "print(", "x = 1", "return a + b"]
+           "print(", "x = 1", "return a + b", "while True:", "if x is None:", "try:", "with open(path) as f:",
+           "lambda y: y * 2", "assert n > 0", "yield item", "from math import pi"]
 
 
 @pytest.fixture(scope="module")
@@ -323,20 +324,23 @@ def test_a_client_gone_mid_stream_frees_the_engine(engine, reference):
 
 
 def test_concurrent_clients_are_all_answered_in_full_and_unmixed(client, engine, reference):
-    """8 clients x 2 requests (one streamed, one not), greedy: every reply byte-identical to the
-    engine's for its prompt."""
-    expected = {p: reference.generate(p, max_new_tokens=16).text for p in PROMPTS}
+    """16 clients x 4 requests (plain, streamed, plain, streamed), each client its own prompt,
+    greedy: every reply byte-identical to the engine's for its prompt, and the prompts' replies
+    distinct, so that a reply handed to the wrong client would show."""
+    expected = {p: reference.generate(p, max_new_tokens=8).text for p in PROMPTS}
+    assert len(PROMPTS) == 16 and len(set(expected.values())) == len(PROMPTS)
 
     def user(prompt: str) -> list[str]:
-        texts = [client.completions.create(model=model_id(engine), prompt=prompt, max_tokens=16).choices[0].text]
-        stream = client.completions.create(model=model_id(engine), prompt=prompt, max_tokens=16, stream=True)
-        texts.append("".join(c.choices[0].text for c in stream))
+        texts = []
+        for stream in (False, True, False, True):
+            reply = client.completions.create(model=model_id(engine), prompt=prompt, max_tokens=8, stream=stream)
+            texts.append("".join(c.choices[0].text for c in reply) if stream else reply.choices[0].text)
         return texts
 
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         results = dict(zip(PROMPTS, pool.map(user, PROMPTS)))
     for prompt, texts in results.items():
-        assert texts == [expected[prompt]] * 2, prompt
+        assert texts == [expected[prompt]] * 4, prompt
 
 
 def test_the_cli_reply_is_the_servers(capsys, tiny_checkpoint, client, engine):
