@@ -1,14 +1,18 @@
 """``python -m bench server`` and the loop metrics of ``defaults`` on a tiny random checkpoint (CPU):
 the server is really served and read over HTTP, both paths give the same replies, and the records
-hold finite positive figures; the loop metrics on hand-made replies."""
+hold finite positive figures; ``--flood-mb``'s phases against the server in this process, their
+records and table; the loop metrics on hand-made replies."""
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 
 import pytest
 
-from bench import quality, records
+import tileinfer
+from bench import quality, records, server
 from bench.__main__ import main as bench
 from conftest import REFERENCE_CPU
 from tileinfer.models import prompts
@@ -31,6 +35,27 @@ def test_server_bench_runs_and_records(tiny_checkpoint, tmp_path):
         assert r["kind"] == "server" and r["mismatches"] == 0 and r["model"] == tiny_checkpoint.name
         assert positive(r["ttft_ms"]) and positive(r["decode_tok_s"])
     assert [r["replies"] for r in rows] == [2, 2, 3, 3]  # two short prompts, the three held-out heads
+
+
+def test_flood_phases_record_answers_latencies_and_memory(tiny_checkpoint, tmp_path, monkeypatch):
+    pytest.importorskip("uvicorn")
+    monkeypatch.setattr(server, "SETTLE_S", 0.0)
+    engine = tileinfer.Engine.from_config(overrides=REFERENCE_CPU, model=str(tiny_checkpoint), progress=False)
+    out = tmp_path / "records.jsonl"
+    args = argparse.Namespace(flood_mb=5, flood_requests=1, new_tokens=2, prompts=1, device="cpu", commit="abc1234",
+                              records=out)
+    with server.Served(engine) as url:
+        server.flood_run(url, os.getpid(), args)  # 5 MB: over the 4 MiB limit
+    rows = records.load(out)
+    assert [r["flood"] for r in rows] == list(server.FLOODS)
+    for r in rows:
+        assert r["kind"] == "server_flood" and r["failures"] == 0 and r["model"] == tiny_checkpoint.name
+        assert positive(r["latency_ms"]) and positive(r["health_ms"]) and len(r["latencies_ms"]) == 1
+        assert positive(r["rss_before_mb"]) and r["rss_peak_mb"] >= r["rss_before_mb"] and positive(r["rss_after_mb"])
+        assert (r["sends"] == 0) == (r["flood"] == "none") and sum(r["statuses"].values()) == r["sends"]
+        assert set(r["statuses"]) <= {"413", "reset", "closed"}  # refused, never served
+        assert (r["added_ms"] is None) == (r["flood"] == "none")
+    assert "| chunked |" in server.flood_render(rows)
 
 
 def test_loop_metrics():
