@@ -207,12 +207,13 @@ def tables() -> list:
     from .report import Table
 
     return [Table("server", "the server against the engine called directly, {group}", table,
-                  group=lambda r: r["model"]), flood_table()]
+                  group=lambda r: r["model"]),
+            Table("server_flood", "other clients while one sends a large body, {group}", flood_render,
+                  group=lambda r: r["model"], missing=lambda rows, _: sorted(set(FLOODS) - {r["flood"] for r in rows}))]
 
 
 # --flood-mb: other clients while one client sends a large body, against `tileinfer serve` in its own process.
 FLOODS = ("none", "content-length", "chunked")  # no flood; the body's size declared; sent chunked without it
-PIECE = 1 << 20
 FLOOD_TARGET_MS, MEMORY_TARGET_MB = 1000.0, 400.0  # issue 30: within 1 s of normal latency, 400 MB of memory
 SETTLE_S = 1.0  # the wait before a phase's first RSS and before its last
 
@@ -223,6 +224,12 @@ def rss_mb(pid: int) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024 / 1e6
 
 
+def cpu_s(pid: int) -> float:
+    """The CPU time process ``pid`` has used, user and system (/proc/PID/stat), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        return sum(map(int, f.read().rsplit(")", 1)[1].split()[11:13])) / os.sysconf("SC_CLK_TCK")
+
+
 def flood_once(port: int, total: int, chunked: bool) -> tuple[str, int]:
     """One POST /v1/completions of a ``total``-byte JSON body on a raw socket, sent as fast as the
     server reads it until all of it is sent or the server answers or closes: (its status, or
@@ -230,12 +237,12 @@ def flood_once(port: int, total: int, chunked: bool) -> tuple[str, int]:
     framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}"
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"{framing}\r\n\r\n").encode()
-    block, sent = b'{"prompt": "' + b"a" * (PIECE - 12), 0
+    block, sent = b'{"prompt": "' + b"a" * ((1 << 20) - 12), 0
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
         try:
             sock.sendall(head)
             while sent < total and not select.select([sock], [], [], 0)[0]:  # readable: an answer, or closed
-                piece = block[:min(PIECE, total - sent)]
+                piece = block[:total - sent]
                 sock.sendall(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
                 sent += len(piece)
             if chunked and sent >= total:
@@ -250,8 +257,8 @@ def flood_once(port: int, total: int, chunked: bool) -> tuple[str, int]:
 
 
 class Flooder(threading.Thread):
-    """Sends ``mb``-megabyte bodies back to back (each on a new connection) until ``stop()``; at
-    least one. ``sends``: (status, bytes sent) of each."""
+    """Sends ``mb``-megabyte bodies back to back (each on a new connection) until ``stopping`` is
+    set; at least one. ``sends``: (status, bytes sent) of each."""
 
     def __init__(self, port: int, mb: float, chunked: bool) -> None:
         super().__init__(daemon=True)
@@ -261,10 +268,6 @@ class Flooder(threading.Thread):
     def run(self) -> None:
         while not self.sends or not self.stopping.is_set():
             self.sends.append(flood_once(self.port, self.total, self.chunked))
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(120)
 
 
 class Sampler(threading.Thread):
@@ -299,12 +302,12 @@ def start_server(args, port: int):
 
 
 def flood_phase(url: str, pid: int, flood: str, args, prompts: list[str]) -> dict:
-    """The other clients' latencies (a GET /health and a greedy completion per request, one after
-    another) and the server's RSS, while ``flood`` runs (``none``: nothing else)."""
+    """While ``flood`` runs (``none``: nothing else), the other clients' latencies (a GET /health, then a
+    greedy completion, per request), the server's RSS and CPU time and this process's (the clients')."""
     import httpx
 
     time.sleep(SETTLE_S)
-    before, sampler = rss_mb(pid), Sampler(pid)
+    before, sampler, cpu, own, start = rss_mb(pid), Sampler(pid), cpu_s(pid), time.process_time(), time.perf_counter()
     flooder = None if flood == "none" else Flooder(int(url.rsplit(":", 1)[1]), args.flood_mb, flood == "chunked")
     sampler.start()
     health, latency, failures = [], [], 0
@@ -313,23 +316,25 @@ def flood_phase(url: str, pid: int, flood: str, args, prompts: list[str]) -> dic
             flooder.start()
             time.sleep(0.2)  # the first body is on its way
         for i in range(args.flood_requests):
-            start = time.perf_counter()
+            sent = time.perf_counter()
             failures += client.get(f"{url}/health").status_code != 200
-            health.append((time.perf_counter() - start) * 1e3)
+            health.append((time.perf_counter() - sent) * 1e3)
             body = {"prompt": prompts[i % len(prompts)], "max_tokens": args.new_tokens, "temperature": 0}
-            start = time.perf_counter()
+            sent = time.perf_counter()
             failures += client.post(f"{url}/v1/completions", json=body).status_code != 200
-            latency.append((time.perf_counter() - start) * 1e3)
+            latency.append((time.perf_counter() - sent) * 1e3)
     if flooder:
-        flooder.stop()
+        flooder.stopping.set()
+        flooder.join(120)
     sampler.stopping.set()
+    seconds, cpu, own = time.perf_counter() - start, cpu_s(pid) - cpu, time.process_time() - own
     time.sleep(SETTLE_S)
-    sends = flooder.sends if flooder else []
+    sends = [x for x, _ in flooder.sends] if flooder else []
     return {"flood": flood, "health_ms": statistics.median(health), "latency_ms": statistics.median(latency),
             "latency_max_ms": max(latency), "latencies_ms": latency, "failures": failures, "sends": len(sends),
-            "statuses": {s: [x for x, _ in sends].count(s) for s in sorted({x for x, _ in sends})},
-            "mb_sent": sum(n for _, n in sends) / 1e6, "rss_before_mb": before, "rss_peak_mb": sampler.peak,
-            "rss_after_mb": rss_mb(pid)}
+            "statuses": {s: sends.count(s) for s in sorted(set(sends))}, "rss_before_mb": before,
+            "mb_sent": sum(n for _, n in flooder.sends) / 1e6 if flooder else 0.0, "rss_peak_mb": sampler.peak,
+            "rss_after_mb": rss_mb(pid), "seconds": seconds, "server_cpu_s": cpu, "client_cpu_s": own}
 
 
 def flood_main(args) -> int:
@@ -380,21 +385,16 @@ def flood_render(rows: list[dict]) -> str:
                      f"{r['mb_sent']:.0f}" if r["sends"] else "-", f"{r['health_ms']:.1f}",
                      f"{r['latency_ms']:.1f} ({r['latency_max_ms']:.1f})", added,
                      f"{r['rss_before_mb']:.0f} / {r['rss_peak_mb']:.0f} / {r['rss_after_mb']:.0f}",
-                     f"{r['rss_grown_mb']:+.0f}", f"{r['failures']}", "yes" if r["met"] else "**no**"])
+                     f"{r['rss_grown_mb']:+.0f}", f"{r['server_cpu_s'] / r['seconds']:.0%} / "
+                     f"{r['client_cpu_s'] / r['seconds']:.0%}", f"{r['failures']}", "yes" if r["met"] else "**no**"])
     first = rows[0]
     return (f"One client sends {first['flood_mb']:g} MB bodies back to back (new connections) while another makes "
             f"{first['requests']} requests, each a GET /health then a greedy completion of up to {first['new_tokens']} "
-            f"tokens, to `tileinfer serve` in its own process (RSS from /proc). Target: completions within "
-            f"{FLOOD_TARGET_MS:g} ms of their latency without a flood, RSS back within {MEMORY_TARGET_MB:g} MB, no "
-            f"failure. {first['cpus']} CPUs, 1-minute load {first['load_average'][0]:.1f} before, "
-            f"{first['load_average'][1]:.1f} after.\n\n"
+            f"tokens, to `tileinfer serve` in its own process. RSS and CPU from /proc (CPU: the server's and the "
+            f"clients' process's, CPU-seconds per second). Target: completions within {FLOOD_TARGET_MS:g} ms of their "
+            f"latency without a flood, RSS back within {MEMORY_TARGET_MB:g} MB, no failure. {first['cpus']} CPUs, "
+            f"1-minute load {first['load_average'][0]:.1f} before, {first['load_average'][1]:.1f} after.\n\n"
             + markdown(["flood", "bodies sent (answers)", "MB sent", "/health ms", "completion ms (max)",
-                        "added ms", "RSS MB before / peak / after", "RSS grown MB", "failed", "target met"], body))
+                        "added ms", "RSS MB before / peak / after", "RSS grown MB", "CPU server / clients", "failed",
+                        "target met"], body))
 
-
-def flood_table():
-    from .report import Table
-
-    return Table("server_flood", "other clients while one sends a large body, {group}", flood_render,
-                 group=lambda r: r["model"],
-                 missing=lambda rows, group: [f for f in FLOODS if f not in {r["flood"] for r in rows}])
