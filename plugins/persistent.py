@@ -4,11 +4,13 @@ does not cover run the per-op step, its twin.
 
 The kernel reads the weights the model's Linear and Attention implementations hold (``weight``
 and ``scale`` of every Linear: the model dtype, or int8 rows with float32 scales; the attention's
-q/k norm weights and RoPE tables) and the KV store's pages in place: nothing is copied. Its rows
+q/k norm weights and RoPE tables) and the KV store's pages (with int8 pages their scales and key
+smoothing too) in place: nothing is copied. Its rows
 are batch-invariant (a token's row is reduced in the same order whatever the step's token count),
 so a verify step's rows equal the decode steps' of the same tokens bit for bit.
 
-Covered: a Qwen3Model (not the DFlash drafter's block), causal steps, KV pages in the model dtype,
+Covered: a Qwen3Model (not the DFlash drafter's block), causal steps, KV pages in the model dtype
+or int8 (``kv_store=paged_int8``: the step quantizes and reads them as the per-op kernels do),
 head_dim and query heads per kv head powers of two, CUDA or the Triton interpreter. Anything else
 runs the per-op step, with a one-line notice naming why (once per reason). The class
 (plugins/persistent_forward.py) is imported when a config names it, so that the registry needs no

@@ -7,6 +7,7 @@ from collections.abc import Collection
 import torch
 
 from tileinfer.backends.triton.interpreter import interpreted, kernels_run_on, sms_of
+from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, check_int8_pages
 from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, StepShape, layer_pointer_table,
                                                        resident_programs)
 from tileinfer.backends.triton.persistent import launch_persistent_step
@@ -93,11 +94,18 @@ class PersistentForward(ForwardPass):
             notice(f"forward=persistent: {reason}; those steps run the per-op step")
 
     def _bind(self, kv: KVStore) -> tuple[torch.Tensor, StepBuffers]:
-        """The pointer table and buffers for ``kv``'s pages (built once per store)."""
+        """The pointer table and buffers for ``kv``'s pages (built once per store; the grid is sized
+        again for the kernel of its page format)."""
         if self._bound is None or self._bound[0] is not kv:
             m = self.model
             pages = [kv.layer(n) for n in range(len(m.layers))]
-            self.shape = StepShape(**{**self.shape.__dict__, "page_size": kv.page_size})
+            int8 = kv.storage == "int8"
+            if int8:  # the kernel takes one set of scale strides for K and V, slots contiguous
+                check_int8_pages(Int8Pages(pages[0].k_scale, pages[0].v_scale, pages[0].k_smooth), pages[0].k,
+                                 pages[0].v)
+            self.shape = StepShape(**{**self.shape.__dict__, "page_size": kv.page_size, "kv_int8": int8,
+                                      "k_smooth": int8 and pages[0].k_smooth is not None})
+            self._programs = 0
             rows = []
             for layer, page in zip(m.layers, pages):
                 rows.append(dict(qkv_w=layer.qkv.weight, qkv_s=_scale(layer.qkv), o_w=layer.o_proj.weight,
@@ -105,7 +113,8 @@ class PersistentForward(ForwardPass):
                                  gate_up_s=_scale(layer.gate_up), down_w=layer.down.weight,
                                  down_s=_scale(layer.down), input_norm=layer.qkv.norm.weight,
                                  post_norm=layer.gate_up.norm.weight, q_norm=layer.attention.q_norm_weight,
-                                 k_norm=layer.attention.k_norm_weight, k_pages=page.k, v_pages=page.v))
+                                 k_norm=layer.attention.k_norm_weight, k_pages=page.k, v_pages=page.v,
+                                 k_scale=page.k_scale, v_scale=page.v_scale, k_smooth=page.k_smooth))
             table = layer_pointer_table(rows, m.device)
             bufs = StepBuffers.allocate(self.shape, m.dtype, m.device, captures=len(m.layers))
             self._bound = (kv, table, bufs)
@@ -115,7 +124,7 @@ class PersistentForward(ForwardPass):
     def _step_reason(self, step: Step, kv: KVStore) -> str | None:
         if self.reason is not None:
             return self.reason
-        if kv.storage != "dtype":
+        if kv.storage not in ("dtype", "int8"):
             return f"KV pages stored as {kv.storage} are not covered yet"
         if not step.causal:
             return "non-causal steps (a block drafter's) are not covered"
@@ -153,16 +162,17 @@ class PersistentForward(ForwardPass):
         args = (plan, self.shape, bufs, table, step.positions, self._bound[0].block_table, layer0.attention.rope.cos,
                 layer0.attention.rope.sin, lm.weight, lm.scale, lm.norm.weight, layer0.qkv.weight,
                 tuple(kv_pages.k.stride()[:3]), m.config.rms_norm_eps)
+        scales = (0, 0) if kv_pages.k_scale is None else tuple(kv_pages.k_scale.stride()[:2])
         dot_f32 = interpreted(m.device)
         if not self._programs:
-            self._programs = 1 if dot_f32 else self._grid(args)
-        launch_persistent_step(*args, self._programs, dot_f32)
+            self._programs = 1 if dot_f32 else self._grid(args, scales)
+        launch_persistent_step(*args, self._programs, dot_f32, scale_strides=scales)
 
-    def _grid(self, args: tuple) -> int:
+    def _grid(self, args: tuple, scales: tuple[int, int]) -> int:
         """Programs of the grid: ``programs_per_sm`` per multiprocessor, fewer where fewer fit."""
         device = self.model.device
         sms = sms_of(device)
-        compiled = launch_persistent_step(*args, sms, False, warmup=True)
+        compiled = launch_persistent_step(*args, sms, False, scale_strides=scales, warmup=True)
         shared = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
         fit = resident_programs(compiled, sms, shared)
         per_sm = min(self.options["programs_per_sm"], fit)

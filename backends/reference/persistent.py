@@ -22,17 +22,26 @@ def decode_step(h: torch.Tensor, layers: list[dict[str, torch.Tensor]], lm_w: to
     ``persistent_plan.LAYER_POINTERS``: the fused qkv, o_proj, gate_up (SwiGLU) and down weights
     (model dtype, or int8 with the ``*_s`` float32 row scales; None-free: a weight in the model dtype
     ignores its scale entry), the input, post-attention, q and k RMSNorm weights, and the layer's K
-    and V pages (``[pages, kv_heads, page_size, head_dim]``, written here)."""
+    and V pages (``[pages, kv_heads, page_size, head_dim]``, written here): in the model dtype, or
+    int8 with the float32 scales ``k_scale``, ``v_scale`` (``[pages, kv_heads, page_size]``,
+    written here) and the key smoothing ``k_smooth`` (``[head_dim]`` float32, or None / absent: not
+    smoothed), through the int8 arguments of ``attention_inputs`` and ``paged_attention``."""
 
     def scale(layer: dict, name: str) -> torch.Tensor | None:
         return layer[f"{name}_s"] if layer[f"{name}_w"].dtype == torch.int8 else None
+
+    def int8_pages(layer: dict) -> dict[str, torch.Tensor | None]:
+        if layer["k_pages"].dtype != torch.int8:
+            return {}
+        return dict(k_scale=layer["k_scale"], v_scale=layer["v_scale"], k_smooth=layer.get("k_smooth"))
 
     t, captured = h.shape[0], []
     for n, layer in enumerate(layers):
         qkv = linear(rms_norm(h, layer["input_norm"], eps), layer["qkv_w"], scale(layer, "qkv"))
         q = attention_inputs(qkv, layer["q_norm"], layer["k_norm"], cos, sin, positions, layer["k_pages"],
-                             layer["v_pages"], block_table, heads, kv_heads, head_dim, eps)
-        attn = paged_attention(q, layer["k_pages"], layer["v_pages"], block_table, positions, head_dim**-0.5)
+                             layer["v_pages"], block_table, heads, kv_heads, head_dim, eps, **int8_pages(layer))
+        attn = paged_attention(q, layer["k_pages"], layer["v_pages"], block_table, positions, head_dim**-0.5,
+                               **int8_pages(layer))
         h = linear(attn.reshape(t, heads * head_dim), layer["o_w"], scale(layer, "o"), residual=h)
         act = linear(rms_norm(h, layer["post_norm"], eps), layer["gate_up_w"], scale(layer, "gate_up"), swiglu=True)
         h = linear(act, layer["down_w"], scale(layer, "down"), residual=h)

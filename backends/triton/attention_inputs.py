@@ -23,7 +23,7 @@ INT8 pages (``k_scale``, ``v_scale``, ``k_smooth``: ``kv_store=paged_int8``): th
 the rotated k (rounded to the model dtype, as the chain stores it) by the key smoothing and
 quantize it and v with one float32 scale per vector, bit for bit as ``write_quantized`` of
 backends/reference/kv_quant.py: ``max(absmax, 1e-12) * float32(1/127)``, IEEE divisions
-(``div_rn``), round half to even (``int8_scale``, ``quantize_int8`` of device_functions.py); the
+(``div_rn``), round half to even (``store_kv_int8`` of device_functions.py); the
 kernel is compiled without FMA contraction, so nothing is fused differently.
 
 Programmatic dependent launch (``pdl=True``, Hopper; pdl.py): the kernel loads its norm weight (q's
@@ -42,8 +42,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton import FLOAT_DTYPES
-from tileinfer.backends.triton.device_functions import (int8_scale, load_weight_halves, page_slot, quantize_int8,
-                                                        rms_norm_halves, rope_rotate)
+from tileinfer.backends.triton.device_functions import (load_weight_halves, page_slot, rms_norm_halves, rope_rotate,
+                                                        store_kv_int8)
 from tileinfer.backends.triton.kv_write import check_paged_write, check_paged_write_int8
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments, int8_pages
 from tileinfer.backends.triton.pdl import launch_options, use_pdl
@@ -61,18 +61,6 @@ def _norm_rope(src, heads, offs, mask, wa, wb, c, s, eps, DTYPE: tl.constexpr, D
     b = tl.load(x + D // 2, mask=mask, other=0.0).to(tl.float32)
     na, nb = rms_norm_halves(a, b, wa, wb, D, eps, DTYPE)
     return rope_rotate(na.to(tl.float32), nb.to(tl.float32), c, s, DTYPE)
-
-
-@triton.jit
-def _store_int8_halves(dst, scale_dst, a, b, mask, head_ok, D: tl.constexpr):
-    """Quantize the vectors whose float32 halves are the rows of ``a``, ``b`` (0 where masked) as
-    ``quantize_per_vector`` does, and store them (int8, at ``dst`` and ``dst + D/2``) and their
-    scales (``scale_dst``, ``[BLOCK_H, 1]``)."""
-    amax = tl.maximum(tl.max(tl.abs(a), 1, keep_dims=True), tl.max(tl.abs(b), 1, keep_dims=True))
-    scale = int8_scale(amax)
-    tl.store(dst, quantize_int8(a, scale), mask=mask)
-    tl.store(dst + D // 2, quantize_int8(b, scale), mask=mask)
-    tl.store(scale_dst, scale, mask=head_ok)
 
 
 @triton.jit
@@ -119,15 +107,11 @@ def _attention_inputs_kernel(
         dst = page * stride_p_page + heads * stride_p_h + slot * stride_p_slot + offs
         v = row + (H + HKV) * D + heads * D + offs  # v heads: copied as they are, or quantized
         if KV_INT8:
-            ka, kb = ra.to(tl.float32), rb.to(tl.float32)
-            if SMOOTH:  # k / k_smooth, an IEEE division as the reference's; 1 in masked lanes
-                ka = tl.math.div_rn(ka, tl.load(smooth_ptr + offs, mask=offs < D // 2, other=1.0))
-                kb = tl.math.div_rn(kb, tl.load(smooth_ptr + D // 2 + offs, mask=offs < D // 2, other=1.0))
             scale_dst = page * stride_s_page + heads * stride_s_h + slot  # [BLOCK_H, 1]
-            _store_int8_halves(kp_ptr + dst, ks_ptr + scale_dst, ka, kb, mask, heads < HKV, D)
             va = tl.load(v, mask=mask, other=0.0).to(tl.float32)
             vb = tl.load(v + D // 2, mask=mask, other=0.0).to(tl.float32)
-            _store_int8_halves(vp_ptr + dst, vs_ptr + scale_dst, va, vb, mask, heads < HKV, D)
+            store_kv_int8(kp_ptr + dst, vp_ptr + dst, ks_ptr + scale_dst, vs_ptr + scale_dst, ra.to(tl.float32),
+                          rb.to(tl.float32), va, vb, smooth_ptr, offs, mask, heads < HKV, SMOOTH, D)
         else:
             tl.store(kp_ptr + dst, ra, mask=mask)
             tl.store(kp_ptr + dst + D // 2, rb, mask=mask)

@@ -20,7 +20,8 @@ doing the same arithmetic does it with the same code, hence rounds alike.
   :func:`page_slot` (kv_write.py, attention_inputs.py).
 - Symmetric int8 of the KV cache (``LayerKV``'s int8 layout), the quantizer of
   backends/reference/kv_quant.py: :func:`int8_scale` and :func:`quantize_int8` (attention_inputs.py,
-  kv_write.py).
+  kv_write.py); a key (smoothed) and a value stored as int8 halves with their scales:
+  :func:`store_int8_halves`, :func:`store_kv_int8` (attention_inputs.py, persistent_items.py).
 - The linear's tiles (linear_gemv.py, linear_gemm.py, linear_gemm_persistent.py): int8 weights
   converted exactly to the activation dtype (:func:`int8_to`), a K chunk loaded (:func:`load_chunk`)
   and multiplied into a float32 accumulator (:func:`dot_chunk`), and an output tile stored through
@@ -167,6 +168,34 @@ def quantize_int8(x, scale):
     y = (y + 12582912.0) - 12582912.0
     y = tl.minimum(tl.maximum(y, -127.0), 127.0)
     return y.to(tl.int8)
+
+
+@triton.jit
+def store_int8_halves(dst, scale_dst, a, b, mask, row_ok, D: tl.constexpr):
+    """Quantize the vectors whose float32 halves are the rows of ``a``, ``b`` (``[R, HALF]``, 0
+    where masked) as ``quantize_per_vector`` does, and store them (int8, at ``dst`` and ``dst +
+    D/2``, ``mask``) and their float32 scales (``scale_dst``, ``[R, 1]``, ``row_ok``)."""
+    amax = tl.maximum(tl.max(tl.abs(a), 1, keep_dims=True), tl.max(tl.abs(b), 1, keep_dims=True))
+    scale = int8_scale(amax)
+    tl.store(dst, quantize_int8(a, scale), mask=mask)
+    tl.store(dst + D // 2, quantize_int8(b, scale), mask=mask)
+    tl.store(scale_dst, scale, mask=row_ok)
+
+
+@triton.jit
+def store_kv_int8(k_dst, v_dst, ks_dst, vs_dst, ka, kb, va, vb, smooth_ptr, offs, mask, row_ok,
+                  SMOOTH: tl.constexpr, D: tl.constexpr):
+    """A key and a value per row into int8 pages, as ``write_quantized`` of
+    backends/reference/kv_quant.py: the key's float32 halves ``ka``, ``kb`` (``[R, HALF]``, the
+    rotated key rounded to the model dtype) divided by the smoothing (``smooth_ptr``, ``[D]``
+    float32, an IEEE division; 1 in the lanes ``offs >= D/2``) where SMOOTH, then the key and the
+    value halves ``va``, ``vb`` quantized with one scale per vector (:func:`store_int8_halves`):
+    int8 at ``k_dst``, ``v_dst``, scales at ``ks_dst``, ``vs_dst`` (``[R, 1]``)."""
+    if SMOOTH:
+        ka = tl.math.div_rn(ka, tl.load(smooth_ptr + offs, mask=offs < D // 2, other=1.0))
+        kb = tl.math.div_rn(kb, tl.load(smooth_ptr + D // 2 + offs, mask=offs < D // 2, other=1.0))
+    store_int8_halves(k_dst, ks_dst, ka, kb, mask, row_ok, D)
+    store_int8_halves(v_dst, vs_dst, va, vb, mask, row_ok, D)
 
 
 # -- the linear's tiles -----------------------------------------------------------------------------

@@ -4,7 +4,9 @@ query rows of a kv head (:func:`load_q_rows`), the online softmax over BLOCK_N-k
 paged cache (:func:`attend_tiles`), and the same over int8 pages with one float32 scale per cached
 vector (``LayerKV``'s int8 layout): the query scaled by the key smoothing (:func:`smooth_q`) and the
 tile loop (:func:`attend_tiles_int8`); both ranges of a kv head's keys, the ones every row sees
-and the masked rest (:func:`attend_kv_head`).
+and the masked rest, from a carried state (:func:`attend_range`: also the persistent step's
+attention items, persistent_items.py) or from the empty one (:func:`attend_kv_head`), with a kv
+head's page addresses (:func:`kv_head_bases`) and the empty state (:func:`empty_state`).
 
 Every function returns once, at its end: the compiler would also build the code after a return
 inside a constexpr branch.
@@ -197,23 +199,29 @@ def attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr
 
 
 @triton.jit
-def attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh, stride_sh,
-                   stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d,
-                   BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                   KV_INT8: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """The online softmax of the query rows ``q`` (``[BLOCK_M, HEAD_DIM]``) over keys ``[lo, hi)``
-    of kv head ``kv_head``, from the empty state: keys ``[lo, full_end)``, which every row sees,
-    unmasked, then ``[full_end, hi)`` masked by ``qpos`` (:func:`attend_tiles`, or
-    :func:`attend_tiles_int8` with KV_INT8, the scales at ``ks_ptr``, ``vs_ptr``). Returns the
-    float32 ``(acc [BLOCK_M, HEAD_DIM], l_i [BLOCK_M], m_i [BLOCK_M])``."""
-    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
-    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+def kv_head_bases(k_ptr, v_ptr, ks_ptr, vs_ptr, kv_head, stride_kh, stride_vh, stride_sh):
+    """The K and V pages (and, of int8 pages, the K and V scales) of kv head ``kv_head``."""
+    head = kv_head.to(tl.int64)
+    return k_ptr + head * stride_kh, v_ptr + head * stride_vh, ks_ptr + head * stride_sh, vs_ptr + head * stride_sh
+
+
+@triton.jit
+def empty_state(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """The online softmax before any key: float32 ``(acc [BLOCK_M, HEAD_DIM], l_i 0, m_i -inf)``."""
+    return (tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), tl.zeros([BLOCK_M], tl.float32),
+            tl.full([BLOCK_M], float("-inf"), tl.float32))
+
+
+@triton.jit
+def attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks, stride_vp,
+                 stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d,
+                 BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_INT8: tl.constexpr, UPCAST: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """The online softmax state ``(acc, l_i, m_i)`` carried over keys ``[lo, hi)`` of one kv head
+    (``k_base``, ``v_base``; ``ks_base``, ``vs_base`` its scales where KV_INT8): keys ``[lo,
+    full_end)``, which every row sees, unmasked, then ``[full_end, hi)`` masked by ``qpos``
+    (:func:`attend_tiles`, or :func:`attend_tiles_int8` with KV_INT8)."""
     if KV_INT8:
-        ks_base = ks_ptr + kv_head.to(tl.int64) * stride_sh
-        vs_base = vs_ptr + kv_head.to(tl.int64) * stride_sh
         acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
                                           stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, qk_scale,
                                           offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
@@ -228,3 +236,20 @@ def attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, 
                                      stride_vp, stride_vs, qpos, full_end, hi, qk_scale, offs_d,
                                      True, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION)
     return acc, l_i, m_i
+
+
+@triton.jit
+def attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh, stride_sh,
+                   stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d,
+                   BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                   KV_INT8: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The online softmax of the query rows ``q`` (``[BLOCK_M, HEAD_DIM]``) over keys ``[lo, hi)``
+    of kv head ``kv_head``, from the empty state (:func:`attend_range`; the scales at ``ks_ptr``,
+    ``vs_ptr`` with KV_INT8). Returns the float32 ``(acc [BLOCK_M, HEAD_DIM], l_i [BLOCK_M], m_i
+    [BLOCK_M])``."""
+    k_base, v_base, ks_base, vs_base = kv_head_bases(k_ptr, v_ptr, ks_ptr, vs_ptr, kv_head, stride_kh, stride_vh,
+                                                     stride_sh)
+    acc, l_i, m_i = empty_state(BLOCK_M, HEAD_DIM)
+    return attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks, stride_vp,
+                        stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d, BLOCK_N, PAGE_SIZE, KV_INT8,
+                        UPCAST, DOT_PRECISION)

@@ -4,6 +4,13 @@ up to reduction order: its GEMVs sum ``tl.dot`` products over BLOCK_K chunks, it
 squares chunk by chunk, its attention sums chunks of positions per split and the splits in order.
 Its own rows are batch-invariant: a token's row is the same bits whatever the step's T.
 
+KV pages: in the model dtype, or int8 (``KV_INT8``, ``kv_store=paged_int8``: one float32 scale per
+cached vector, the keys divided by a per-layer smoothing where ``SMOOTH``), whose scales and
+smoothing the pointer table holds beside the pages. Over int8 pages the step does the per-op
+chain's arithmetic with its device functions: the attention-input items quantize the key and the
+value as the per-op ``attention_inputs`` kernel does (``store_kv_int8``), and the attention items
+smooth the query and attend through ``attend_tiles_int8`` as the per-op decode attention does.
+
 Tiling and grid. Grid: ``programs`` programs, all resident at once (the caller sizes it to the
 machine: :func:`resident_programs`). The step is a list of work items in dependency order (built
 on the host by :class:`StepPlan`): per layer the qkv GEMV tiles (input RMSNorm in each tile's
@@ -34,6 +41,8 @@ from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, Ste
 QKV, ATTN_IN, ATTN, O_PROJ, GATE_UP, DOWN = (tl.constexpr(k) for k in (plan_.QKV, plan_.ATTN_IN, plan_.ATTN,
                                                                      plan_.O_PROJ, plan_.GATE_UP, plan_.DOWN))
 NUM_PTRS = tl.constexpr(plan_.NUM_PTRS)
+K_PAGES = tl.constexpr(plan_.LAYER_POINTERS.index("k_pages"))  # then v_pages
+K_SCALE = tl.constexpr(plan_.LAYER_POINTERS.index("k_scale"))  # then v_scale, k_smooth
 
 
 @triton.jit
@@ -43,17 +52,30 @@ def _ptr(layer_ptrs, layer, j: tl.constexpr, ty: tl.constexpr):
 
 
 @triton.jit
+def _kv(layer_ptrs, layer, act_ty: tl.constexpr, KV_INT8: tl.constexpr):
+    """``layer``'s K pages, V pages (int8 where KV_INT8, else ``act_ty``), K scales, V scales and key
+    smoothing (float32; placeholders, never read, for pages in the model dtype)."""
+    if KV_INT8:
+        k, v = _ptr(layer_ptrs, layer, K_PAGES, tl.int8), _ptr(layer_ptrs, layer, K_PAGES + 1, tl.int8)
+    else:
+        k, v = _ptr(layer_ptrs, layer, K_PAGES, act_ty), _ptr(layer_ptrs, layer, K_PAGES + 1, act_ty)
+    return (k, v, _ptr(layer_ptrs, layer, K_SCALE, tl.float32), _ptr(layer_ptrs, layer, K_SCALE + 1, tl.float32),
+            _ptr(layer_ptrs, layer, K_SCALE + 2, tl.float32))
+
+
+@triton.jit
 def _persistent_step_kernel(
     items_ptr, n_items, counters_ptr, n_counters, layer_ptrs,
     pos_ptr, T, eps, qk_scale,
     h_ptr, qkv_ptr, q_ptr, attn_ptr, act_ptr, logits_ptr, cap_ptr, part_ptr, stat_ptr,
     bt_ptr, cos_ptr, sin_ptr, stride_cs, lm_w_ptr, lm_s_ptr, final_norm_ptr, w_example_ptr,
-    stride_kp, stride_kh, stride_ks,
+    stride_kp, stride_kh, stride_ks, stride_sp, stride_sh,
     HIDDEN: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
     VOCAB: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
     ATTN_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
-    INT8: tl.constexpr, LM_INT8: tl.constexpr, DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
+    DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -77,18 +99,20 @@ def _persistent_step_kernel(
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
-            attention_inputs_item(qkv_ptr, q_ptr, _ptr(layer_ptrs, layer, 12, act_ty),
-                                  _ptr(layer_ptrs, layer, 13, act_ty), bt_ptr, pos_ptr, cos_ptr, sin_ptr,
-                                  stride_cs, _ptr(layer_ptrs, layer, 10, act_ty), _ptr(layer_ptrs, layer, 11, act_ty),
-                                  eps, index, T, stride_kp, stride_kh, stride_ks, H, HKV, D, GROUP, PAGE_SIZE)
+            k_pages, v_pages, k_scale, v_scale, smooth = _kv(layer_ptrs, layer, act_ty, KV_INT8)
+            attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr,
+                                  cos_ptr, sin_ptr, stride_cs, _ptr(layer_ptrs, layer, 10, act_ty),
+                                  _ptr(layer_ptrs, layer, 11, act_ty), eps, index, T, stride_kp, stride_kh,
+                                  stride_ks, stride_sp, stride_sh, H, HKV, D, GROUP, PAGE_SIZE, KV_INT8, SMOOTH)
             signal(c + 1 + index)
         elif kind == ATTN:
             kv_head = index // NUM_SPLITS
             wait_for(c + 1 + kv_head, 1)
-            combined = attention_item(q_ptr, _ptr(layer_ptrs, layer, 12, act_ty), _ptr(layer_ptrs, layer, 13, act_ty),
-                                      bt_ptr, pos_ptr, part_ptr, stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T,
-                                      kv_head, index % NUM_SPLITS, qk_scale, stride_kp, stride_kh, stride_ks,
-                                      H, HKV, D, GROUP, PAGE_SIZE, NUM_SPLITS, CHUNK, ATTN_BLOCK, UPCAST,
+            k_pages, v_pages, k_scale, v_scale, smooth = _kv(layer_ptrs, layer, act_ty, KV_INT8)
+            combined = attention_item(q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr, part_ptr,
+                                      stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T, kv_head, index % NUM_SPLITS,
+                                      qk_scale, stride_kp, stride_kh, stride_ks, stride_sp, stride_sh, H, HKV, D,
+                                      GROUP, PAGE_SIZE, NUM_SPLITS, CHUNK, ATTN_BLOCK, KV_INT8, SMOOTH, UPCAST,
                                       DOT_PRECISION)
             if combined != 0:
                 signal(c + C_ATTN)
@@ -120,20 +144,21 @@ def _persistent_step_kernel(
             tl.store(counters_ptr + offs, tl.zeros([256], tl.int32), mask=offs < n_counters)
 
 
-
-
 def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, layer_ptrs: torch.Tensor,
                            positions: torch.Tensor, block_table: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            lm_w: torch.Tensor, lm_s: torch.Tensor | None, final_norm: torch.Tensor,
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
-                           programs: int, dot_f32: bool, *, warmup: bool = False):
+                           programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
+                           warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
     (persistent_plan.LAYER_POINTERS; weights in ``layer_weight``'s dtype, int8 with float32 row
-    scales or the model dtype, pages in the model dtype with ``page_strides`` (page, head, slot)
-    alike for K and V). ``lm_w`` (``lm_s`` its scales where int8) and ``final_norm``: the
-    lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``warmup``: compile, do not run;
+    scales or the model dtype; pages with ``page_strides`` (page, head, slot) alike for K and V, in
+    the model dtype, or int8 where ``shape.kv_int8`` with float32 scales ``[P, Hkv, page_size]`` of
+    ``scale_strides`` (page, head; slots contiguous) alike for K and V, the keys divided by the
+    float32 ``[D]`` smoothing where ``shape.k_smooth``). ``lm_w`` (``lm_s`` its scales where int8)
+    and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``warmup``: compile, do not run;
     returns the compiled kernel (for :func:`resident_programs`)."""
     t = positions.numel()
     assert 1 <= t <= 16, f"the persistent step runs 1..16 tokens, got {t}"
@@ -144,11 +169,12 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
             positions, t, eps, s.head_dim ** -0.5 * 1.4426950408889634,
             act, bufs.qkv, bufs.q, bufs.attn, bufs.act, bufs.logits, bufs.capture, bufs.part, bufs.stat,
             block_table, cos, sin, cos.stride(0), lm_w, lm_s if lm_int8 else dummy, final_norm, layer_weight,
-            *page_strides)
+            *page_strides, *scale_strides)
     kw = dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
               PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
               BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
-              BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
+              BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
+              DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
               DOT_PRECISION="ieee", num_warps=4, num_stages=1)
     if warmup:
         return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)

@@ -11,11 +11,14 @@ reduced in the same order in a 1-token step and in a 16-token verify step (batch
   accumulator), then the SwiGLU, residual-add or float32-logits epilogue. The first weight chunk is
   loaded before the item waits for its input, and each chunk's successor before the chunk's dot.
 - :func:`attention_inputs_item`: one kv head's q heads (RMSNorm, RoPE) into the q buffer, its key
-  (RMSNorm, RoPE) and value into the paged cache, for every token of the step.
+  (RMSNorm, RoPE) and value into the paged cache, for every token of the step; into int8 pages
+  (KV_INT8) the key smoothed and both quantized per vector as the per-op kernel does
+  (``store_kv_int8`` of device_functions.py).
 - :func:`attention_item`: one of ``NUM_SPLITS`` partitions of one kv head's keys: the chunks
   ``split, split + NUM_SPLITS, ...`` of ``CHUNK`` positions (a fixed partition: which keys a split
-  owns does not depend on T), through the online-softmax tile loop of paged_attention_tiles.py;
-  the last split of the kv head to finish (a counter) combines the partials in split order.
+  owns does not depend on T), through the online-softmax tile loops of paged_attention_tiles.py
+  (``attend_range``: model-dtype or int8 pages, the query smoothed first where SMOOTH); the last
+  split of the kv head to finish (a counter) combines the partials in split order.
 
 Synchronization: an item that produced data runs a CTA barrier, then a release increment of its
 counter (:func:`signal`); a consumer spins on an acquire read until the counter reaches its target
@@ -28,8 +31,10 @@ import triton
 import triton.language as tl
 
 from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, page_slot, rms_norm_halves,
-                                                        round_to, rope_rotate, scale_normalized, silu_mul_f32)
-from tileinfer.backends.triton.paged_attention_tiles import attend_tiles, load_q_rows
+                                                        round_to, rope_rotate, scale_normalized, silu_mul_f32,
+                                                        store_kv_int8)
+from tileinfer.backends.triton.paged_attention_tiles import (attend_range, empty_state, kv_head_bases, load_q_rows,
+                                                             smooth_q)
 
 BLOCK_T = tl.constexpr(16)  # token rows of every GEMV tile (T = 1..16 padded)
 
@@ -147,13 +152,16 @@ def _rope_tables(cos_ptr, sin_ptr, stride_cs, pos, D: tl.constexpr):
 
 
 @triton.jit
-def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, bt_ptr, pos_ptr, cos_ptr, sin_ptr, stride_cs,
-                          qn_ptr, kn_ptr, eps, kv_head, T, stride_kp, stride_kh, stride_ks,
-                          H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
-                          PAGE_SIZE: tl.constexpr):
+def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, cos_ptr,
+                          sin_ptr, stride_cs, qn_ptr, kn_ptr, eps, kv_head, T, stride_kp, stride_kh, stride_ks,
+                          stride_sp, stride_sh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                          GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr):
     """For kv head ``kv_head`` and every token ``t < T`` of ``qkv`` (``[16, (H + 2 HKV) D]``):
     q heads ``kv_head * GROUP ..`` normalized and rotated into ``q`` (``[16, H, D]``), the key
-    normalized and rotated and the value copied into the pages at the token's position."""
+    normalized and rotated and the value copied into the pages at the token's position. KV_INT8:
+    the pages are int8, the key (divided by the smoothing ``smooth`` ``[D]`` float32 where SMOOTH)
+    and the value quantized with one float32 scale per vector into ``ks``, ``vs`` (``[P, HKV,
+    PAGE_SIZE]``, strides ``stride_sp``, ``stride_sh``, slots contiguous; :func:`store_kv_int8`)."""
     width = (H + 2 * HKV) * D
     offs = tl.arange(0, D // 2)[None, :]
     r = tl.arange(0, BLOCK_T * GROUP)[:, None]
@@ -174,46 +182,54 @@ def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, bt_ptr, pos_ptr, cos
     ka, kb = _norm_rope_rows(qkv_ptr + t * width + (H + kv_head) * D, ok, kn_ptr, c, s, eps, D)
     page, slot = page_slot(bt_ptr, pos, PAGE_SIZE)
     dst = page * stride_kp + kv_head * stride_kh + slot * stride_ks + offs
-    tl.store(k_pages + dst, ka, mask=ok)
-    tl.store(k_pages + dst + D // 2, kb, mask=ok)
     v = qkv_ptr + t * width + (H + HKV + kv_head) * D + offs
-    tl.store(v_pages + dst, tl.load(v, mask=ok, cache_modifier=".cg"), mask=ok)
-    tl.store(v_pages + dst + D // 2, tl.load(v + D // 2, mask=ok, cache_modifier=".cg"), mask=ok)
+    if KV_INT8:
+        va = tl.load(v, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        vb = tl.load(v + D // 2, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+        at = page * stride_sp + kv_head * stride_sh + slot  # [16, 1]
+        store_kv_int8(k_pages + dst, v_pages + dst, ks_ptr + at, vs_ptr + at, ka.to(tl.float32), kb.to(tl.float32),
+                      va, vb, smooth_ptr, offs, ok, ok, SMOOTH, D)
+    else:
+        tl.store(k_pages + dst, ka, mask=ok)
+        tl.store(k_pages + dst + D // 2, kb, mask=ok)
+        tl.store(v_pages + dst, tl.load(v, mask=ok, cache_modifier=".cg"), mask=ok)
+        tl.store(v_pages + dst + D // 2, tl.load(v + D // 2, mask=ok, cache_modifier=".cg"), mask=ok)
 
 
 @triton.jit
-def attention_item(q_ptr, k_pages, v_pages, bt_ptr, pos_ptr, part_ptr, stat_ptr, out_ptr, split_counter, T,
-                   kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks,
+def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, part_ptr, stat_ptr, out_ptr,
+                   split_counter, T, kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks, stride_sp, stride_sh,
                    H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr, UPCAST: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
     """Split ``split`` of kv head ``kv_head``'s causal attention for the step's ``T`` query tokens
     (q ``[16, H, D]``), over the keys of chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions
     each) below ``start + T``. Its float32 partials (``acc`` ``[BLOCK_M, D]``, max and sum) go to
     the scratch ``part`` ``[HKV, NUM_SPLITS, BLOCK_M, D]`` and ``stat`` ``[2, HKV, NUM_SPLITS,
     BLOCK_M]``; the kv head's last split to count itself in ``split_counter`` combines them in
-    split order into ``out`` (``[16, H * D]``, q's dtype). Returns 1 where it combined, else 0."""
+    split order into ``out`` (``[16, H * D]``, q's dtype). Returns 1 where it combined, else 0.
+    KV_INT8: int8 pages with float32 scales ``ks``, ``vs`` (``[P, HKV, PAGE_SIZE]``, strides
+    ``stride_sp``, ``stride_sh``), the query rows first multiplied by the smoothing where SMOOTH
+    (:func:`smooth_q`, :func:`attend_tiles_int8`), as the per-op decode attention."""
     BLOCK_M: tl.constexpr = BLOCK_T * GROUP
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q, tok, head, row_ok = load_q_rows(q_ptr, H * D, D, kv_head, offs_m, offs_d, T, GROUP, UPCAST)
+    if SMOOTH:  # the cache holds k / k_smooth
+        q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
     start = tl.load(pos_ptr).to(tl.int32)
     length = start + T
     qpos = start + tok
-    k_base = k_pages + kv_head.to(tl.int64) * stride_kh
-    v_base = v_pages + kv_head.to(tl.int64) * stride_kh
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    k_base, v_base, ks_base, vs_base = kv_head_bases(k_pages, v_pages, ks_ptr, vs_ptr, kv_head, stride_kh, stride_kh,
+                                                     stride_sh)
+    acc, l_i, m_i = empty_state(BLOCK_M, D)
     for lo in range(split * CHUNK, length, NUM_SPLITS * CHUNK):
         hi = tl.minimum(lo + CHUNK, length)
         full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks, stride_kp,
-                                     stride_ks, qpos, lo, full_end, qk_scale, offs_d, False, BLOCK_N, PAGE_SIZE,
-                                     UPCAST, DOT_PRECISION)
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks, stride_kp,
-                                     stride_ks, qpos, full_end, hi, qk_scale, offs_d, True, BLOCK_N, PAGE_SIZE,
-                                     UPCAST, DOT_PRECISION)
+        acc, l_i, m_i = attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                     stride_ks, stride_kp, stride_ks, stride_sp, qpos, lo, full_end, hi, qk_scale,
+                                     offs_d, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST, DOT_PRECISION)
     row = (kv_head * NUM_SPLITS + split) * BLOCK_M + offs_m
     tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc)
     tl.store(stat_ptr + row, m_i)

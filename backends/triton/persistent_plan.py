@@ -13,9 +13,12 @@ from tileinfer.backends.triton.persistent_items import BLOCK_T
 
 # Item kinds, in the order of a layer's work.
 QKV, ATTN_IN, ATTN, O_PROJ, GATE_UP, DOWN, LM_HEAD = range(7)
-# The addresses each layer hands the kernel: one int64 row of ``layer_ptrs`` per layer.
+# The addresses each layer hands the kernel: one int64 row of ``layer_ptrs`` per layer. The last
+# three go with int8 pages: the float32 K and V scales and the key smoothing.
 LAYER_POINTERS = ("qkv_w", "qkv_s", "o_w", "o_s", "gate_up_w", "gate_up_s", "down_w", "down_s",
-                  "input_norm", "post_norm", "q_norm", "k_norm", "k_pages", "v_pages")
+                  "input_norm", "post_norm", "q_norm", "k_norm", "k_pages", "v_pages", "k_scale", "v_scale",
+                  "k_smooth")
+INT8_KV_POINTERS = ("k_scale", "v_scale", "k_smooth")
 NUM_PTRS = len(LAYER_POINTERS)
 
 
@@ -36,6 +39,8 @@ class StepShape:
     attn_block: int = 64  # keys per attention tile
     block_k: int = 256
     block_n: tuple[int, int, int, int, int] = (16, 16, 16, 16, 64)  # qkv, o_proj, gate_up, down, lm_head
+    kv_int8: bool = False  # int8 pages with float32 scales per vector (kv_store=paged_int8)
+    k_smooth: bool = False  # with kv_int8: the keys are divided by a per-layer smoothing
 
     @property
     def group(self) -> int:
@@ -125,10 +130,15 @@ class StepBuffers:
                 t.fill_(float("nan"))
 
 
-def layer_pointer_table(rows: list[dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+def layer_pointer_table(rows: list[dict[str, torch.Tensor | None]], device: torch.device) -> torch.Tensor:
     """int64 ``[layers, NUM_PTRS]`` of the tensors' addresses, in ``LAYER_POINTERS`` order (the
-    tensors must stay alive as long as the table is used)."""
-    table = [[row[name].data_ptr() for name in LAYER_POINTERS] for row in rows]
+    tensors must stay alive as long as the table is used). The int8 pages' entries
+    (``INT8_KV_POINTERS``) may be absent or None: the K pages' address stands in (never read)."""
+    def address(row: dict, name: str) -> int:
+        t = row.get(name) if name in INT8_KV_POINTERS else row[name]
+        return (row["k_pages"] if t is None else t).data_ptr()
+
+    table = [[address(row, name) for name in LAYER_POINTERS] for row in rows]
     return torch.tensor(table, dtype=torch.int64, device=device)
 
 

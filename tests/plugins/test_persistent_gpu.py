@@ -1,7 +1,8 @@
 """``forward=persistent`` on a GPU in bfloat16, the default config (CUDA graphs, the Triton linear
 and attention around it): against its twin the per-op step, rows that are the same bits in a
 1-token and a 16-token step, and speculative greedy decoding that gives plain greedy's tokens,
-token for token, for every proposer and several k, with BF16 and INT8 weights.
+token for token, for every proposer and several k, with BF16 and INT8 weights; a few of these cases
+over INT8 KV pages (``kv_store=paged_int8``) too.
 
 Shapes: an odd tiny target (7 layers, hidden 96, GQA 4 / 2 heads of 32, the DFlash tests' layer
 count) and the Qwen3-0.6B shape with random weights (bench/shapes.py). The per-op step reduces in
@@ -63,9 +64,10 @@ def close(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert diff < 0.03 and same >= 0.9
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_steps_agree_with_the_per_op_step(folder, quantize):
-    e = build(folder, quantize=quantize)
+@pytest.mark.parametrize("quantize, kv_store", [("none", "paged"), ("int8", "paged"), ("none", "paged_int8"),
+                                                ("int8", "paged_int8")])
+def test_steps_agree_with_the_per_op_step(folder, quantize, kv_store):
+    e = build(folder, quantize=quantize, kv_store=kv_store)
     per_op, persistent = PerOpForward(e.model), PersistentForward(e.model)
     for t in (1, 16):
         ref, _ = steps(e, t, per_op)
@@ -73,9 +75,9 @@ def test_steps_agree_with_the_per_op_step(folder, quantize):
         close(out, ref)
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize):
-    e = build(folder, quantize=quantize)
+@pytest.mark.parametrize("quantize, kv_store", [("none", "paged"), ("int8", "paged"), ("none", "paged_int8")])
+def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_store):
+    e = build(folder, quantize=quantize, kv_store=kv_store)
     fwd, m, kv = PersistentForward(e.model), e.model, e.kv
     together, keys = steps(e, 16, fwd)
     ids = torch.randint(0, m.config.vocab_size, (CONTEXT + 16,), generator=torch.Generator().manual_seed(3)).cuda()
@@ -102,14 +104,19 @@ def tiny_case(checkpoint_factory, tmp_path_factory):
     return target, drafts
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-@pytest.mark.parametrize("proposer, k", PROPOSERS)
-def test_speculative_greedy_gives_plain_greedy_tokens(tiny_case, proposer, k, quantize):
+SPEC_CASES = [(proposer, k, quantize, "paged") for proposer, k in PROPOSERS for quantize in ("none", "int8")]
+SPEC_CASES += [("ngram", 3, "none", "paged_int8"), ("draft", 5, "none", "paged_int8"),
+               ("dflash", 7, "none", "paged_int8"), ("ngram", 15, "int8", "paged_int8")]
+
+
+@pytest.mark.parametrize("proposer, k, quantize, kv_store", SPEC_CASES)
+def test_speculative_greedy_gives_plain_greedy_tokens(tiny_case, proposer, k, quantize, kv_store):
     target, drafts = tiny_case
     prompt = repetitive_prompt()
-    plain = build(target, forward="persistent", quantize=quantize).generate(prompt, max_new_tokens=64).token_ids
+    keys = dict(forward="persistent", quantize=quantize, kv_store=kv_store)
+    plain = build(target, **keys).generate(prompt, max_new_tokens=64).token_ids
     options = {proposer: {"model": str(drafts[proposer])}} if proposer in drafts else {}
-    spec = build(target, forward="persistent", quantize=quantize, proposer=proposer, spec_k=k, options=options)
+    spec = build(target, **keys, proposer=proposer, spec_k=k, options=options)
     assert spec.generate(prompt, max_new_tokens=64).token_ids == plain
 
 
