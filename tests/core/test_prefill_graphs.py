@@ -31,6 +31,8 @@ from tileinfer.steps import StepRunner
 
 MODEL = dict(hidden=64, layers=2, vocab=320, intermediate=128, std=0.2, tokenizer=False, heads=4, kv_heads=2,
              head_dim=32, seed=5)
+# The Triton kernels under the interpreter cost seconds a step, growing with the weight rows.
+TRITON_MODEL = dict(MODEL, hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=48)
 PAGE = 16
 
 
@@ -87,12 +89,13 @@ def test_buckets_pad_by_less_than_a_quarter_above_512():
 
 
 @pytest.mark.parametrize("variant, n, chunk, buckets", [("reference", 90, 30, [30]), ("reference", 90, 64, [32, 64]),
-                                                        ("reference", 90, 4096, [128]), ("triton", 57, 20, [20])])
-def test_graphed_prefill_gives_the_eager_logits_cache_and_tokens(folder, variant, n, chunk, buckets):
+                                                        ("reference", 90, 4096, [128]), ("triton", 37, 20, [20])])
+def test_graphed_prefill_gives_the_eager_logits_cache_and_tokens(checkpoint_factory, variant, n, chunk, buckets):
     """90 tokens: chunks of 30 replay bucket 30 at starts 0, 30 and 60; chunks of 64 take buckets
     64 and 32 (26 real tokens); one chunk takes bucket 128 (38 padded rows). The Triton kernels
-    (interpreter; the logits and the cache only): 57 tokens in chunks of 20 replay bucket 20 at
-    starts 0, 20 and 40, the last with 3 padded rows."""
+    (interpreter; the logits and the cache only; a narrower model, GQA 2 / 1 heads of 16): 37 tokens
+    in chunks of 20 replay bucket 20 at starts 0 and 20, the second with 3 padded rows."""
+    folder = checkpoint_factory(**(TRITON_MODEL if variant == "triton" else MODEL))
     engine = build(folder, variant, max_new_tokens=12, prefill_chunk=chunk)
     ids = prompt(n)
     eager_tokens = engine.generate(ids).token_ids if variant == "reference" else None

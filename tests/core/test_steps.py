@@ -19,10 +19,10 @@ def replayed_steps(engine: tileinfer.Engine, *, prefill: bool = True) -> tileinf
 PROMPT = [(7 * i) % 23 + 40 for i in range(18)] * 2  # repetitive: n-gram drafts, verify steps of several tokens
 NEW = 14  # positions 36 to 49: cross a page boundary (48)
 # The tests that run on a CPU too, where the Triton kernels run in the interpreter (seconds a step,
-# growing with the weight rows): a small model (GQA 2 / 1 heads of 16) and a repetitive 27-token
-# prompt with 8 new tokens, positions 27 to 34: across a page boundary (32) as well.
+# growing with the weight rows and the prompt's tokens): a small model (GQA 2 / 1 heads of 16) and a
+# repetitive 15-token prompt with 8 new tokens, positions 15 to 22: across a page boundary (16) as well.
 SMALL = dict(hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=48, vocab=96, layers=2, tokenizer=False)
-SHORT_PROMPT, SHORT_NEW = ([(7 * i) % 23 + 40 for i in range(12)] * 3)[:27], 8
+SHORT_PROMPT, SHORT_NEW = ([(7 * i) % 23 + 40 for i in range(12)] * 3)[:15], 8
 
 
 @pytest.fixture(scope="module")
