@@ -109,15 +109,17 @@ def test_sampled_drafts_of_the_target_itself_are_all_accepted(case):
 
 
 
-def test_sampled_draft_speculation_keeps_the_target_distribution(case):
+def test_sampled_draft_speculation_keeps_the_target_distribution(checkpoint_factory):
     """Tokens 2 and 3 (the first speculative step, k = 2: accepted drafts, corrections, bonus
     tokens) over SEEDS seeds against their exact marginals under the target; the same test rejects
-    the draft's own marginals, so it has power."""
-    target, _, drafts = case
+    the draft's own marginals, so it has power. SEEDS generations: 1-layer variants of the target
+    and of its ``near`` draft."""
+    target = checkpoint_factory(tokenizer=False, layers=1)
+    near = checkpoint_factory(tokenizer=False, layers=1, std=0.06)
     prompt = repetitive_prompt()[:8]
     p = exact_marginals(engine(target, **SAMPLING), prompt, 3)
-    q = exact_marginals(engine(drafts["near"], **SAMPLING), prompt, 3)
-    e = engine(target, drafts["near"], spec_k=2, draft_options={"greedy": False}, **SAMPLING)
+    q = exact_marginals(engine(near, **SAMPLING), prompt, 3)
+    e = engine(target, near, spec_k=2, draft_options={"greedy": False}, **SAMPLING)
     sampled_counts_fit(e, prompt, p, accepted=(0.3, 0.95))
     for i in (1, 2):
         assert not fits((SEEDS * q[i]).round(), p[i])  # the draft's distribution would fail
