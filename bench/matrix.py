@@ -19,6 +19,7 @@ table from one commit that has every row the parts give it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import traceback
@@ -89,7 +90,16 @@ def arguments(p, names: str = "default: every variant, and every peer with --pee
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure the peers (default: yes on a GPU, no on a CPU)")
     p.add_argument("--short", action="store_true", help="the CPU workload sizes on a GPU too")
+    p.add_argument("--new-tokens", type=decode_tokens, metavar="N", help="at most N new tokens per decode "
+                   "(at least 2: a decode figure times the tokens after the first), for a quick smoke; default: "
+                   "the workload's")
     records_mod.arguments(p)
+
+
+def decode_tokens(text: str) -> int:
+    if not text.isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"{text}: expected an integer >= 2")
+    return int(text)
 
 
 def main(args) -> int:
@@ -110,6 +120,8 @@ def main(args) -> int:
         args.variant, args.workload = ["default", *part.names], list(part.workloads)
     short = args.short or device.type == "cpu"
     chosen = [workloads(short)[n] for n in (args.workload or NAMES)]
+    if args.new_tokens:
+        chosen = [dataclasses.replace(w, new_tokens=min(w.new_tokens, args.new_tokens)) for w in chosen]
     with_peers = args.peers if args.peers is not None else device.type == "cuda"
     names = args.variant or [*VARIANTS, *(peers_mod.PEERS if with_peers else ())]
     if args.model:

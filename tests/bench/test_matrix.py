@@ -1,9 +1,12 @@
 """``python -m bench matrix`` on a CPU: every variant and the hf-sdpa peer at the tiny shape and the
-short workloads, one sample each (the figures of a CPU say nothing: only that each row ran, gave a
-positive finite figure and its roofline, or says why it did not); the H200 parts cover the matrix."""
+short workloads, one sample each, decodes of 2 new tokens (one step after the prefill: a row's figure
+and roofline hold at any count, and each step of the persistent variants runs the whole stack in the
+interpreter); the figures of a CPU say nothing: only that each row ran, gave a positive finite figure
+and its roofline, or says why it did not. The H200 parts cover the matrix."""
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -16,20 +19,28 @@ from bench.workloads import NAMES
 
 NAMES_RUN = [*VARIANTS, "hf-sdpa"]
 SHORT_RUN = ("prefill1024", "decode128_ctx1024")  # one engine a variant: the same (short) context
+NEW_TOKENS = 2
 
 
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> dict[str, list[dict]]:
     """The smoke run's records by variant or peer: the default at every workload (a runner per
-    context), the others at a prefill and a decode of one context."""
+    context), the others at a prefill and a decode of one context. The objects alive before each
+    run are frozen (gc.freeze), so that the collection after each runner (bench.workloads.free_memory)
+    scans what the runs made, not the test process's heap (0.2 s a collection otherwise)."""
     if torch.cuda.is_available():
         pytest.skip("the CPU smoke (a GPU runs the Qwen3 shapes)")
     folder = tmp_path_factory.mktemp("matrix")
     argv = ["matrix", "--shape", "tiny", "--seconds", "0", "--checkpoints", str(folder / "ckpt"),
-            "--records", str(folder / "records.jsonl"), "--commit", "abc1234"]
-    assert bench([*argv, "--variant", "default"]) == 0
-    others = [a for n in NAMES_RUN if n != "default" for a in ("--variant", n)]
-    assert bench([*argv, *others, *(a for w in SHORT_RUN for a in ("--workload", w))]) == 0
+            "--records", str(folder / "records.jsonl"), "--commit", "abc1234", "--new-tokens", str(NEW_TOKENS)]
+    gc.freeze()
+    try:
+        assert bench([*argv, "--variant", "default"]) == 0
+        gc.freeze()  # also what the first run imported
+        others = [a for n in NAMES_RUN if n != "default" for a in ("--variant", n)]
+        assert bench([*argv, *others, *(a for w in SHORT_RUN for a in ("--workload", w))]) == 0
+    finally:
+        gc.unfreeze()
     by_name: dict[str, list[dict]] = {}
     for r in records.load(folder / "records.jsonl"):
         by_name.setdefault(matrix.name(r), []).append(r)
@@ -42,6 +53,7 @@ def test_every_variant_runs_or_says_why(rows, name):
     assert [r["workload"] for r in mine] == list(NAMES if name == "default" else SHORT_RUN)
     for r in mine:
         assert r["kind"] == "matrix" and r["commit"] == "abc1234" and r["versions"]["torch"] == torch.__version__
+        assert r["new_tokens"] == (1 if r["workload"].startswith("prefill") else NEW_TOKENS)
         if r["value"] is None:  # a variant that does not resolve here names its key (test_bench_variants.py)
             assert r["note"].startswith("skipped: ") and name != "default", r
             continue
@@ -67,6 +79,14 @@ def test_a_qwen3_shape_is_refused_on_a_cpu_before_writing_anything(tmp_path, cap
 def test_an_unknown_variant_is_a_one_line_error(capsys):
     assert bench(["matrix", "--variant", "no-such-variant"]) == 2
     assert capsys.readouterr().err.startswith("error: unknown variant 'no-such-variant'; valid: default, ")
+
+
+def test_fewer_than_two_new_tokens_is_a_usage_error(capsys):
+    """A decode figure times the tokens after the first: ``--new-tokens`` takes 2 or more."""
+    for bad in ("1", "0", "x"):
+        with pytest.raises(SystemExit):
+            bench(["matrix", "--new-tokens", bad])
+        assert f"{bad}: expected an integer >= 2" in capsys.readouterr().err
 
 
 def test_the_parts_cover_every_variant_and_peer_once_per_shape(capsys):
