@@ -4,7 +4,6 @@ unknown names are clear errors; an entry-point package adds a Sampler selected b
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import tileinfer
 from tileinfer.errors import ConfigError, PluginError
 from tileinfer.interfaces import Sampler, Step
 from tileinfer.registry import build_registry, plugin_manager
+from conftest import run_cli
 
 DEMO = Path(__file__).parents[1] / "third_party" / "tileinfer_demo_sampler"
 
@@ -126,24 +126,34 @@ def demo_site(tmp_path_factory):
     return target
 
 
-def _cli(site: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "tileinfer.cli", *argv], env=env, capture_output=True, text=True,
-                          timeout=300)
+def _cli(capsys, monkeypatch, site: Path, *argvs: list[str]) -> list[tuple[int, str, str]]:
+    """``tileinfer ARGV`` for each of ``argvs`` in this process (exit status, stdout, stderr), with
+    ``site`` first on sys.path for these calls only, as PYTHONPATH would put it; the modules imported
+    from there are forgotten after."""
+    with monkeypatch.context() as m:
+        m.syspath_prepend(str(site))
+        try:
+            return [run_cli(capsys, *argv) for argv in argvs]
+        finally:
+            for name in [n for n in sys.modules if n.split(".")[0] in {p.stem for p in site.iterdir()}]:
+                del sys.modules[name]
 
 
-def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, tiny_checkpoint):
-    listed = _cli(demo_site, "plugins", "--json")
-    assert listed.returncode == 0, listed.stderr
-    rows = {(r["interface"], r["name"]): r for r in json.loads(listed.stdout)["implementations"]}
+def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, tiny_checkpoint, capsys, monkeypatch):
+    prompt = [4, 9, 16, 25]
+    generate = ["generate", "--model", str(tiny_checkpoint), "--prompt-ids", ",".join(map(str, prompt)), "--json",
+                "device=cpu", "dtype=float32", "sampler=argmin"]
+    listed, run, ranked, bad = _cli(capsys, monkeypatch, demo_site, ["plugins", "--json"],
+                                    [*generate, "--max-new-tokens", "6"],
+                                    [*generate, "--max-new-tokens", "1", "options.argmin.rank=1"],
+                                    ["config", "sampler=argmin", "options.argmin.rank=-1"])
+    assert listed[0] == 0, listed[2]
+    rows = {(r["interface"], r["name"]): r for r in json.loads(listed[1])["implementations"]}
     assert rows[("sampler", "argmin")]["distribution"] == "tileinfer-demo-sampler"
     assert rows[("sampler", "argmin")]["plugin"] == "demo_sampler"
 
-    prompt = [4, 9, 16, 25]
-    run = _cli(demo_site, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", ",".join(map(str, prompt)),
-               "--max-new-tokens", "6", "--json", "device=cpu", "dtype=float32", "sampler=argmin")
-    assert run.returncode == 0, run.stderr
-    tokens = json.loads(run.stdout)["token_ids"]
+    assert run[0] == 0, run[2]
+    tokens = json.loads(run[1])["token_ids"]
 
     # Each token must be the argmin of the target's logits after the tokens before it.
     engine = tileinfer.Engine.from_config("reference", model=str(tiny_checkpoint), device="cpu", dtype="float32", progress=False)
@@ -156,13 +166,9 @@ def test_third_party_sampler_registers_through_the_entry_point_group(demo_site, 
     assert tokens == expected
     assert tokens != engine.generate(prompt, max_new_tokens=6).token_ids  # not the greedy result
 
-    ranked = _cli(demo_site, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", ",".join(map(str, prompt)),
-                  "--max-new-tokens", "1", "--json", "device=cpu", "dtype=float32", "sampler=argmin",
-                  "options.argmin.rank=1")
-    assert ranked.returncode == 0, ranked.stderr
-    assert json.loads(ranked.stdout)["token_ids"] == [int(logits[len(prompt) - 1].argsort()[1])]
-    bad = _cli(demo_site, "config", "sampler=argmin", "options.argmin.rank=-1")
-    assert bad.returncode == 2 and bad.stderr == "error: options.argmin.rank=-1 is not valid: must be >= 0\n"
+    assert ranked[0] == 0, ranked[2]
+    assert json.loads(ranked[1])["token_ids"] == [int(logits[len(prompt) - 1].argsort()[1])]
+    assert bad[0] == 2 and bad[2] == "error: options.argmin.rank=-1 is not valid: must be >= 0\n"
 
 
 def _readme_block(language: str, first_line: str) -> str:
@@ -207,7 +213,8 @@ def test_without_the_package_the_name_is_unknown(tiny_checkpoint):
 
 
 
-def test_a_package_that_fails_to_import_is_named_and_every_command_still_works(tmp_path, tiny_checkpoint):
+def test_a_package_that_fails_to_import_is_named_and_every_command_still_works(tmp_path, tiny_checkpoint, capsys,
+                                                                               monkeypatch):
     """An installed entry point whose module raises on import: ``tileinfer plugins`` lists the rest
     and shows the failure with the plugin and its distribution; generate still runs."""
     site = tmp_path / "site"
@@ -216,12 +223,12 @@ def test_a_package_that_fails_to_import_is_named_and_every_command_still_works(t
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-tileinfer-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[tileinfer]\nbroken = broken_tileinfer_plugin\n")
     (site / "broken_tileinfer_plugin.py").write_text("raise ImportError('needs libfoo.so')\n")
-    listed = _cli(site, "plugins")
-    assert listed.returncode == 0, listed.stderr
-    assert "reference" in listed.stdout
+    listed, run = _cli(capsys, monkeypatch, site, ["plugins"],
+                       ["generate", "--model", str(tiny_checkpoint), "--prompt-ids", "1,2,3", "--max-new-tokens", "2",
+                        "--json", "device=cpu", "dtype=float32"])
+    assert listed[0] == 0, listed[2]
+    assert "reference" in listed[1]
     assert ("failed to load: plugin broken (broken-tileinfer-plugin): ImportError: needs libfoo.so"
-            in listed.stdout)
-    run = _cli(site, "generate", "--model", str(tiny_checkpoint), "--prompt-ids", "1,2,3", "--max-new-tokens", "2",
-               "--json", "device=cpu", "dtype=float32")
-    assert run.returncode == 0, run.stderr
-    assert len(json.loads(run.stdout)["token_ids"]) == 2
+            in listed[1])
+    assert run[0] == 0, run[2]
+    assert len(json.loads(run[1])["token_ids"]) == 2
