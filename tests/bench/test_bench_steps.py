@@ -4,6 +4,7 @@ say nothing: only that each ran and holds what the GPU run reports)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,16 @@ from bench.__main__ import main as bench
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke")
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "target"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def frozen_heap():
+    """The objects alive before this module's runs are frozen (gc.freeze), so that the collection
+    after each runner (bench.workloads.free_memory) scans what the runs made, not the test process's
+    heap."""
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @CPU_ONLY

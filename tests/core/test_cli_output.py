@@ -27,8 +27,11 @@ def _cli(*argv: str, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, env=env, **kw)
 
 
-@pytest.mark.parametrize("argv", [["plugins"], ["config"], ["plugins", "--json"]])
+@pytest.mark.parametrize("argv", [["config"], ["plugins", "--json"]])
 def test_a_closed_pipe_ends_quietly_with_status_141(argv):
+    """``config`` prints less than stdout's 8 KiB buffer, so the pipe breaks at main's flush (as for
+    plain ``plugins``, about 6 KB); ``plugins --json`` prints about 10 KB at once, so it breaks in the
+    command's print."""
     process = _cli(*argv)
     process.stdout.close()  # the reader is gone before the command writes (it is still importing)
     err = process.stderr.read().decode()

@@ -19,7 +19,7 @@ from tileinfer.models import corpus, data, evaluate, make_all, prompts, train
 from tileinfer.models import tokenizer as tokenizer_script
 from tileinfer.tokenizer import Tokenizer as TileTokenizer
 
-STEPS, SEQ_LEN, VOCAB, MAX_PROMPT = 120, 256, 512, 200
+STEPS, SEQ_LEN, VOCAB, MAX_PROMPT = 80, 256, 512, 200
 
 
 def train_args(folder: Path, run: Path, *extra: str) -> list[str]:
@@ -124,7 +124,7 @@ def test_model_folder(pipeline):
         assert (folder / name).is_file(), name
     assert [p.name for p in folder.glob("*.safetensors")] == ["model.safetensors"]
     assert result["steps"] == STEPS and result["parameters"] == result["embedding"] + result["non_embedding"]
-    assert result["heldout_loss"] < 5.5  # ln 512 = 6.24 for a uniform guess
+    assert result["heldout_loss"] < 5.5  # ln 512 = 6.24 for a uniform guess; about 5.0 after the 80 steps
     evaluation = json.loads((folder.parent / "eval.json").read_text())
     assert evaluation["heldout_perplexity"] == pytest.approx(2.718281828 ** evaluation["heldout_loss"], rel=1e-3)
     history = json.loads((folder.parent / "history.json").read_text())
@@ -180,13 +180,15 @@ def test_greedy_tokens_and_logits_match_transformers(pipeline, engine):
 
 
 def test_resume_gives_the_same_weights(pipeline, tmp_path):
+    """Stopped after 3 of 6 steps (between the evaluations at steps 2 and 4) and resumed: the weights
+    and the history of the run not stopped."""
     from safetensors.torch import load_file
 
     folder = pipeline["folder"]
-    train.main(train_args(folder, tmp_path / "straight", "--steps", "12"))
-    train.main(train_args(folder, tmp_path / "resumed", "--steps", "12", "--stop-after", "5"))
+    train.main(train_args(folder, tmp_path / "straight", "--steps", "6"))
+    train.main(train_args(folder, tmp_path / "resumed", "--steps", "6", "--stop-after", "3"))
     assert not (tmp_path / "resumed" / "model").exists()
-    train.main(train_args(folder, tmp_path / "resumed", "--steps", "12", "--resume"))
+    train.main(train_args(folder, tmp_path / "resumed", "--steps", "6", "--resume"))
     a = load_file(tmp_path / "straight" / "model" / "model.safetensors")
     b = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
