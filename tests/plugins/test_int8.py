@@ -8,7 +8,10 @@ p_int8) in nats, top-1 agreement), with the values measured when they were chose
 
 - INT8 weights:        KL < 0.01,  top-1 >= 0.85  (measured KL ~0.004, top-1 ~0.94)
 - INT8 KV:             KL < 0.003, top-1 >= 0.90  (measured KL ~0.0008, top-1 ~0.98; the same bounds
-                       with the Triton attention, under the interpreter without a GPU)
+                       with the Triton attention, under the interpreter without a GPU, over the
+                       23-token prompt alone: each prompt alone measures KL 0.0007-0.0009 (this one
+                       0.00085, top-1 1.0), and on it value scales 5 % off already measure KL
+                       0.0046, another position's scales or no key smoothing KL > 0.4)
 - both:                KL < 0.015, top-1 >= 0.85
 
 ``pytest -s`` prints the measured values. The INT8 weights are also checked tightly (atol 1e-4)
@@ -55,8 +58,9 @@ def prompt_logits(e, ids, kv=None) -> torch.Tensor:
         return e.model.forward(torch.tensor(ids), Step.at(0, len(ids), CPU), kv)[0]
 
 
-def all_logits(e, kv=None) -> torch.Tensor:
-    return torch.cat([prompt_logits(e, ids, kv) for ids in prompts()])
+def all_logits(e, kv=None, which=range(len(PROMPT_LENGTHS))) -> torch.Tensor:
+    """The logits at every position of the prompts ``which`` (indices into :func:`prompts`)."""
+    return torch.cat([prompt_logits(e, ids, kv) for i, ids in enumerate(prompts()) if i in which])
 
 
 def kl_and_top1(ref: torch.Tensor, other: torch.Tensor) -> tuple[float, float]:
@@ -73,19 +77,25 @@ def folder(checkpoint_factory):
 
 @pytest.fixture(scope="module")
 def reference_logits(folder):
-    return all_logits(engine(folder))
+    e = engine(folder)
+    return [all_logits(e, which=(i,)) for i in range(len(PROMPT_LENGTHS))]
 
 
-@pytest.mark.parametrize("keys,max_kl,min_top1", [
-    (dict(quantize="int8"), 0.01, 0.85),
-    (dict(kv_store="paged_int8"), 0.003, 0.90),
-    (dict(kv_store="paged_int8", attention="triton"), 0.003, 0.90),  # the Triton kernels read the INT8 pages
-    (dict(quantize="int8", kv_store="paged_int8"), 0.015, 0.85),
+ALL = tuple(range(len(PROMPT_LENGTHS)))
+
+
+@pytest.mark.parametrize("keys,max_kl,min_top1,which", [
+    (dict(quantize="int8"), 0.01, 0.85, ALL),
+    (dict(kv_store="paged_int8"), 0.003, 0.90, ALL),
+    # the Triton kernels read the INT8 pages, under the interpreter: the 23-token prompt (module docstring)
+    (dict(kv_store="paged_int8", attention="triton"), 0.003, 0.90, (0,)),
+    (dict(quantize="int8", kv_store="paged_int8"), 0.015, 0.85, ALL),
 ], ids=["int8-weights", "int8-kv", "int8-kv-triton-attention", "both"])
-def test_int8_logits_close_to_unquantized(folder, reference_logits, keys, max_kl, min_top1):
+def test_int8_logits_close_to_unquantized(folder, reference_logits, keys, max_kl, min_top1, which):
     e = engine(folder, **keys)
     assert type(e.model.layers[0].attention).__name__ == ("TritonAttention" if "attention" in keys else "ReferenceAttention")
-    logits = all_logits(e)
+    logits = all_logits(e, which=which)
+    reference_logits = torch.cat([reference_logits[i] for i in which])
     kl, top1 = kl_and_top1(reference_logits, logits)
     entropy = -(reference_logits.log_softmax(-1).exp() * reference_logits.log_softmax(-1)).sum(-1).mean().item()
     print(f"\n{keys}: mean KL {kl:.5f} nats, top-1 agreement {top1:.3f} "

@@ -18,7 +18,9 @@ from tileinfer.plugins.triton.attention import TritonAttention
 from tileinfer.plugins.triton.linear import TritonLinear
 
 TRITON = {"linear": "triton", "attention": "triton"}  # named: auto takes the reference on a CPU
-# Each ablation knob off (or on) alone, and the per-op rows of the ablation.
+# Each ablation knob off (or on) alone, and the per-op rows of the ablation. pdl=false only where PDL
+# runs (a GPU): elsewhere every module launches without it either way (the defaults' run,
+# test_pdl_is_decided_once_from_the_option_and_the_device).
 OPTIONS = {
     "defaults": {},
     "no-fused-linears": {"fuse_epilogue": False},
@@ -26,16 +28,16 @@ OPTIONS = {
     "per-op": {"fuse_epilogue": False, "fuse_inputs": False},
     "per-op-dense-attention": {"fuse_epilogue": False, "fuse_inputs": False, "attend": "dense"},
     "torch-matmul": {"fuse_epilogue": False, "matmul": "torch"},
-    "no-pdl": {"pdl": False},
+    **({"no-pdl": {"pdl": False}} if DEVICE == "cuda" else {}),
 }
 # Under the interpreter every launch runs each program in Python, so the cost of a step grows with
 # the weight rows (GEMV programs of 4 rows) and of a prefill with its tokens: a small model (GQA 2 / 1
 # heads of 16, the smallest head size the paged kernels take), 18 prompt tokens (more than 16: the
-# GEMM and prefill-attention paths; across a page) and 8 new tokens (7 decode steps).
+# GEMM and prefill-attention paths; across a page) and 4 new tokens (3 decode steps).
 MODEL = dict(hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=48, vocab=96, layers=2, tokenizer=False)
 # Repetitive, so that n-gram drafts are proposed and verify steps of several tokens run.
 PROMPT = ([(7 * i) % 23 + 40 for i in range(12)] * 2)[:18]
-NEW = 8
+NEW = 4
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def run(folder, *sources, **keys):
 @pytest.fixture(scope="module")
 def expected(folder):
     tokens = run(folder, "reference").token_ids
-    assert len(set(tokens)) >= NEW - 2, f"degenerate reference output {tokens}"
+    assert len(set(tokens)) >= NEW - 1, f"degenerate reference output {tokens}"
     return tokens
 
 

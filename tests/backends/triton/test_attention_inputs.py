@@ -113,8 +113,8 @@ CPU_CASES = [
     (7, 2, 2, 64, torch.float32),
     (16, 4, 1, 64, torch.float16),
     (16, 8, 2, 128, torch.float32),
-    (33, 4, 2, 64, torch.float16),
-    (33, 12, 3, 128, torch.float32),
+    (17, 4, 2, 64, torch.float16),
+    (17, 12, 3, 128, torch.float32),
     (1, 8, 2, 64, torch.float32),
     (3, 16, 8, 128, torch.float16),  # one launch: 2 q columns, 1 kv column of 8 heads
     (5, 24, 12, 128, torch.float32),  # one launch: 3 q columns, 2 kv columns (4 heads masked)

@@ -31,7 +31,9 @@ from .per_op_chains import linear_fused, linear_per_op
 
 DTYPES = INTERPRETER_DTYPES + ([torch.bfloat16] if DEVICE == "cuda" else [])
 FORMATS = ["none", "int8"]
-TOKENS = [1, 2, 7, 16, 17, 40]  # GEMV T=1 (CUDA cores), GEMV tl.dot (2..16), GEMM (17, 40)
+# GEMV T=1 (CUDA cores); GEMV tl.dot (T = 2..16 in one 16-row tile: 2 masked, 16 full); GEMM (17: one masked
+# block of the rule's 64-row tile at these shapes, as every T up to 64)
+TOKENS = [1, 2, 16, 17]
 # (N, K): N not a multiple of any block_n and K not a multiple of any block_k (I = 100 starts
 # mid-tile); and an aligned shape (I = 64) for the bit-identity tests.
 ODD = (200, 136)

@@ -16,9 +16,13 @@ ptxas, no GPU), with pointers and strides 16-byte aligned as Triton specializes 
   after a CTA barrier and read the other programs' partials past L1 (``ld.global.cg``), the others
   have no atomic.
 
-Each runs in a subprocess: this session imported the kernels under TRITON_INTERPRET=1."""
+Both compile in one subprocess: this session imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
 
 from ..kernel_checks import compiled_results
 
@@ -71,7 +75,8 @@ int8 = {"w_ptr": "*i8", "s_ptr": "*fp32", "lock_ptr": "*i32"}
 for T in (1, 16):
     for n, k in ((151936, 2560), (2560, 9728), (19456, 2560)):
         cfg = gemv_config(n, k, T, int8=True)
-        for bits, pdl, swiglu in ((True, True, False), (False, False, False), (True, True, True), (True, False, False)):
+        # the bit conversion with PDL (plain and SwiGLU); Triton's cast without PDL (no wait)
+        for bits, pdl, swiglu in ((True, True, False), (False, False, False), (True, True, True)):
             consts = dict(BLOCK_T=G.GEMV_BLOCK_T if T > 1 else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                           USE_DOT=T > 1, SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, PDL=pdl, RESIDUAL=False,
                           FUSED_REDUCE=False, LATE_LAUNCH=cfg.late_launch, INT8=True, BITS=bits)
@@ -83,14 +88,12 @@ consts = dict(BLOCK_T=1, BLOCK_N=bcfg.block_n, BLOCK_K=bcfg.block_k, USE_DOT=Fal
               BITS=True)
 out.append(describe("bf16_gemv", compile_ptx(G._gemv_kernel, consts, {"lock_ptr": "*i32"}, bcfg.num_warps,
                                              bcfg.num_stages)))
-for swiglu in (False, True):
-    for swap in (False, True):
-        cfg = gemm_config(1024, 19456, 2560, int8=True)
-        consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                      SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, RESIDUAL=not swiglu, INT8=True, BITS=True,
-                      SWAP_AB=swap)
-        ptx = compile_ptx(M._gemm_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
-        out.append(describe("gemm", ptx, bits=True, pdl=False, swap=swap))
+for swiglu, swap in ((False, False), (True, True)):  # each epilogue, each operand order
+    cfg = gemm_config(1024, 19456, 2560, int8=True)
+    consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                  SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, RESIDUAL=not swiglu, INT8=True, BITS=True, SWAP_AB=swap)
+    ptx = compile_ptx(M._gemm_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
+    out.append(describe("gemm", ptx, bits=True, pdl=False, swap=swap))
 print(json.dumps(out))
 '''
 
@@ -143,15 +146,15 @@ def compile_variant(name, bm, bn, bk, warps, stages, int8=False, swap=False, tma
                 i2f=sorted(set(re.findall(r"cvt\.rn\.(?:f32|f16|bf16)\.s(?:8|16|32)", body))))
 
 
-VARIANTS = [  # (name, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, options)
-    ("bf16", 128, 128, 64, 8, 3, {}), ("bf16 residual", 128, 128, 64, 8, 3, dict(residual=True)),
-    ("bf16 swiglu", 128, 128, 64, 8, 3, dict(swiglu=True)), ("bf16 logits", 128, 128, 64, 8, 3, dict(f32_out=True)),
+# (name, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, options). The residual and SwiGLU forms compile within the
+# split and flattened ones (same tiles), the transposed int8 one within its flattened form.
+VARIANTS = [
+    ("bf16", 128, 128, 64, 8, 3, {}), ("bf16 logits", 128, 128, 64, 8, 3, dict(f32_out=True)),
     ("bf16 pointers", 128, 128, 64, 8, 3, dict(tma=False)), ("bf16 flatten", 128, 128, 64, 8, 4, dict(flatten=True)),
     ("bf16 flatten swiglu", 128, 128, 64, 8, 3, dict(flatten=True, swiglu=True)),
     ("bf16 split residual", 128, 128, 64, 8, 3, dict(split=True, residual=True)),
     ("bf16 split swiglu", 128, 128, 64, 8, 3, dict(split=True, swiglu=True)),
     ("bf16 128x256", 128, 256, 64, 8, 3, {}), ("bf16 4 warps", 128, 128, 64, 4, 4, {}),
-    ("int8 swap", 128, 128, 64, 8, 3, dict(int8=True, swap=True)),
     ("int8 swap swiglu", 128, 128, 64, 8, 3, dict(int8=True, swap=True, swiglu=True)),
     ("int8 swap split residual", 128, 128, 64, 8, 3, dict(int8=True, swap=True, split=True, residual=True)),
     ("int8 swap pointers", 128, 128, 64, 8, 3, dict(int8=True, swap=True, tma=False)),
@@ -162,11 +165,36 @@ VARIANTS = [  # (name, BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, options)
 print(json.dumps([compile_variant(name, *tiles, **options) for name, *tiles, options in VARIANTS]))
 '''
 
+# Both scripts in one subprocess (one start of Python, torch and Triton): each one's JSON list.
+BOTH_SCRIPT = r'''
+import contextlib, io, json, runpy
 
-def test_gemv_and_gemm_compile_for_sm90(tmp_path):
-    results = compiled_results(GEMV_GEMM_SCRIPT, tmp_path / "compile_gemv_gemm.py")
+results = []
+for path in PATHS:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(path, run_name="__main__")
+    results.append(json.loads(out.getvalue().strip().splitlines()[-1]))
+print(json.dumps(results))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, list[dict]]:
+    folder = tmp_path_factory.mktemp("compile_linear")
+    scripts = {"gemv_gemm": GEMV_GEMM_SCRIPT, "persistent": PERSISTENT_SCRIPT}
+    paths = []
+    for name, script in scripts.items():
+        paths.append(str(folder / f"compile_{name}.py"))
+        Path(paths[-1]).write_text(script)
+    driver = BOTH_SCRIPT.replace("PATHS", repr(paths), 1)
+    return dict(zip(scripts, compiled_results(driver, folder / "compile_both.py")))
+
+
+def test_gemv_and_gemm_compile_for_sm90(compiled):
+    results = compiled["gemv_gemm"]
     bf16 = next(r for r in results if r["name"] == "bf16_gemv")
-    assert len(results) == 29
+    assert len(results) == 21
     for r in results:
         assert r["spills"] == 0, r
         if r["name"] == "bf16_gemv":
@@ -183,9 +211,9 @@ def test_gemv_and_gemm_compile_for_sm90(tmp_path):
             assert r["waits"] == 0, r
 
 
-def test_persistent_gemm_compiles_for_sm90(tmp_path):
-    results = compiled_results(PERSISTENT_SCRIPT, tmp_path / "compile_persistent.py")
-    assert len(results) == 19
+def test_persistent_gemm_compiles_for_sm90(compiled):
+    results = compiled["persistent"]
+    assert len(results) == 16
     for r in results:
         assert r["spills"] == 0, r
         assert r["wgmma"] > 0, r  # Hopper's asynchronous tensor-core MMA, not mma.sync
