@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +34,8 @@ from . import records as records_mod
 from .shapes import CHECKPOINTS, SHAPES, cpu_refusal, decode_roofline_tok_s, default_shapes, prefill_flops
 from .shapes import write_random_checkpoint
 from .timing import measure_limits
-from .variants import QUANTIZED, VARIANTS, engine_args, resolve
-from .workloads import ALL_NAMES, NAMES, EngineRunner, Workload, free_memory, groups, measure, workloads
+from .workloads import (ALL_NAMES, NAMES, QUANTIZED, VARIANTS, EngineRunner, Workload, engine_args, failure,
+                        free_memory, groups, measure, resolve, workloads)
 
 
 @dataclass(frozen=True)
@@ -53,7 +51,8 @@ GRAPH_CHAIN = ("eager", "eager-per-op", "no-fused-kernels", "no-fused-kernels-no
 REST = ("reference", "eager-per-op-dense-attention", "no-cuda-graphs", "torch-matmul", "eager-torch-matmul",
         "int8-kv", "int8-int8-kv", "ngram", "persistent")
 BF16_PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled")
-INT8 = ("int8", "int8-persistent", *peers_mod.INT8_PEERS)  # our INT8 weights beside the INT8 weight-only peers, at the INT8 targets
+# our INT8 weights beside the INT8 weight-only peers, at the INT8 targets
+INT8 = ("int8", "int8-persistent", *peers_mod.INT8_PEERS)
 INT8_WORKLOADS = ("prefill1024", "decode128_ctx1024")
 PARTS = {  # minutes per part, setup and compilation included: 5-7
     "1": Part("Qwen3-0.6B", 0.5, GRAPH_CHAIN), "2": Part("Qwen3-0.6B", 0.5, REST),
@@ -216,21 +215,6 @@ def row(*, shape: str, workload: Workload, mc: ModelConfig, name: str, part: str
         tflops = prefill_flops(mc, workload.prompt_tokens)["total"] / (value / 1e3) / 1e12
         out.update(tflops=tflops, peak_fraction=tflops / limits["matmul_peak_tflops"])
     return out
-
-
-def failure(exc: BaseException) -> str:
-    """One line: the exception's type and first line (for out of memory, the size asked for), and
-    the deepest line of tileinfer or bench/ it was raised through (else the deepest line)."""
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    root = Path(__file__).resolve().parents[1]
-    ours = [f for f in frames if Path(f.filename).is_relative_to(root) or "/tileinfer/" in f.filename]
-    where = (ours or frames or [None])[-1]
-    place = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
-    first = (str(exc).strip().splitlines() or [""])[0][:300]
-    if isinstance(exc, torch.OutOfMemoryError):
-        size = re.search(r"Tried to allocate ([\d.]+ [KMGT]?i?B)", str(exc))
-        return "out of memory" + (f", tried to allocate {size.group(1)}" if size else "") + place
-    return f"{type(exc).__name__}: {first}{place}"
 
 
 # -- the tables of python -m bench report, one shape each ---------------------------------------------

@@ -35,7 +35,7 @@ from . import records
 from .shapes import CHECKPOINTS, cpu_refusal, decode_step_bytes, default_shapes, write_random_checkpoint
 from .shapes import write_random_drafter
 from .timing import measure_limits, median_seconds
-from .variants import engine_args
+from .workloads import engine_args
 from .workloads import EngineRunner, free_memory, random_prompt
 
 MAX_LOOP_K = 15  # the device loop drafts at most 15 tokens a step
@@ -126,7 +126,7 @@ def arguments(p) -> None:
                    "Qwen3-4B on a GPU, tiny on a CPU")
     p.add_argument("--model", type=Path, metavar="DIR", help="a real checkpoint folder instead of the random shapes "
                    "(e.g. models/target: the shipped family's speculative table divides by its ratios)")
-    p.add_argument("--variant", action="append", help="variant of bench/variants.py (default: default), with config "
+    p.add_argument("--variant", action="append", help="variant of bench/workloads.py (default: default), with config "
                    "overrides appended as VARIANT+KEY=VALUE+... (recorded under that name)")
     p.add_argument("--tokens", type=integers, default=[1, 2, 4, 8, 16], help="tokens per step (default 1,2,4,8,16)")
     p.add_argument("--contexts", type=integers, default=[1024, 8192] if GPU else [32, 256],
@@ -205,7 +205,7 @@ def dflash_arguments(p) -> None:
     p.description = __doc__.split("\n\n")[2]
     p.add_argument("--shape", default="Qwen3-4B" if GPU else "tiny", help="target shape (default Qwen3-4B on a GPU, "
                    "tiny on a CPU)")
-    p.add_argument("--variant", default="default", help="variant of bench/variants.py (default: default)")
+    p.add_argument("--variant", default="default", help="variant of bench/workloads.py (default: default)")
     p.add_argument("--contexts", type=integers, default=[1024, 8192] if GPU else [32, 100],
                    help="cached positions before the step (default 1024,8192; 32,100 on a CPU)")
     p.add_argument("--block", type=int, default=16, choices=range(2, 17), metavar="B",

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TRITON = ROOT / "backends" / "triton"
 SHARED = {"__init__", "device_functions", "interpreter", "pdl"}  # not ops: used by every op
-WHOLE_STEPS = {"persistent"}  # ops that are a whole decode step: a variant of bench/variants.py of that name
+WHOLE_STEPS = {"persistent"}  # ops that are a whole decode step: a variant of bench/workloads.py of that name
 
 
 def triton_ops() -> list[str]:
@@ -27,7 +27,7 @@ def test_op_has_a_twin_a_test_and_a_benchmark(op):
     assert (ROOT / "backends" / "reference" / f"{op}.py").is_file(), f"no reference twin of {op}"
     assert (Path(__file__).parent / "triton" / f"test_{op}.py").is_file(), f"no test of {op}"
     from bench.kernels import OPS
-    from bench.variants import VARIANTS
+    from bench.workloads import VARIANTS
 
     if op in WHOLE_STEPS:
         assert op in VARIANTS, f"no bench variant of the step {op}"

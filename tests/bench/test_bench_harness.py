@@ -9,7 +9,7 @@ import torch
 from bench import matrix, peers, shapes, timing
 from bench.__main__ import COMMANDS, main as bench
 from bench.workloads import ALL_NAMES, NAMES, TTFT_NAMES, WARMUP_TOKENS, EngineRunner, Measurement, Workload
-from bench.workloads import measure, workloads
+from bench.workloads import failure, measure, workloads
 
 
 def test_a_failed_row_says_why_in_one_line():
@@ -21,11 +21,11 @@ def test_a_failed_row_says_why_in_one_line():
         allocate()
     except torch.OutOfMemoryError as exc:
         line = allocate.__code__.co_firstlineno + 1
-        assert matrix.failure(exc) == f"out of memory, tried to allocate 128.00 GiB (at test_bench_harness.py:{line})"
+        assert failure(exc) == f"out of memory, tried to allocate 128.00 GiB (at test_bench_harness.py:{line})"
     try:
         {}["x"]
     except KeyError as exc:
-        assert matrix.failure(exc).startswith("KeyError: 'x' (at test_bench_harness.py:")
+        assert failure(exc).startswith("KeyError: 'x' (at test_bench_harness.py:")
 
 
 def test_warm_up_runs_the_whole_workload_for_a_peer_and_eight_tokens_for_the_engine():

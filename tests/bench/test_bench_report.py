@@ -10,7 +10,7 @@ import pytest
 
 from bench import matrix, records, report
 from bench.__main__ import main as bench
-from bench.variants import VARIANTS
+from bench.workloads import VARIANTS
 
 VERSIONS = {"torch": "2.13.0+cu130", "triton": "3.6.0", "cuda": "13.0", "gpu": "G"}
 

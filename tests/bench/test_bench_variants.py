@@ -1,4 +1,4 @@
-"""bench/variants.py: each variant is the default config with exactly the keys its items set (an
+"""bench/workloads.py's variants: each variant is the default config with exactly the keys its items set (an
 option counts as set only where it differs from the default its implementation declares), and
 either resolves here or says, in a ConfigError, which of its keys does not."""
 
@@ -10,7 +10,7 @@ import functools
 import pytest
 from omegaconf import OmegaConf
 
-from bench import variants
+from bench import workloads as variants
 from tileinfer.config import Config, load_config, resolve_config, shipped_config_path
 from tileinfer.errors import ConfigError
 from tileinfer.hookspecs import KINDS

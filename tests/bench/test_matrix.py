@@ -14,7 +14,7 @@ import torch
 
 from bench import matrix, peers, records
 from bench.__main__ import main as bench
-from bench.variants import VARIANTS
+from bench.workloads import VARIANTS
 from bench.workloads import NAMES
 
 NAMES_RUN = [*VARIANTS, "hf-sdpa"]
@@ -109,7 +109,8 @@ def test_the_int8_peers_are_measured_beside_our_int8_at_the_int8_targets_workloa
     int8 = {p.shape: p for p in matrix.PARTS.values() if "int8" in p.names}
     assert set(int8) == {"Qwen3-0.6B", "Qwen3-4B"}
     for part in int8.values():
-        assert part.names == ("int8", "int8-persistent", *peers.INT8_PEERS) and part.workloads == ("prefill1024", "decode128_ctx1024")
+        assert part.names == ("int8", "int8-persistent", *peers.INT8_PEERS)
+        assert part.workloads == ("prefill1024", "decode128_ctx1024")
     assert all(p.workloads == NAMES for p in matrix.PARTS.values() if "int8" not in p.names)
 
 
