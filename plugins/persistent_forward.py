@@ -31,6 +31,10 @@ class PersistentForward(ForwardPass):
         Option("block_k", int, 256, "K columns per GEMV chunk (a power of two)", minimum=16),
         Option("block_n", str, "16,16,16,16,64", "output columns per GEMV tile of qkv, o_proj, gate_up, down, "
                "lm_head (powers of two >= 16)"),
+        Option("num_warps", int, 4, "warps per program of the persistent grid (4 or 8)", minimum=4),
+        Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
+               "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
+               "multiprocessor", minimum=0),
     )
 
     @classmethod
@@ -47,6 +51,10 @@ class PersistentForward(ForwardPass):
             reasons.append(f"options.persistent.block_k={o['block_k']}: a power of two")
         if o["chunk"] % 64:
             reasons.append(f"options.persistent.chunk={o['chunk']}: a multiple of 64")
+        if o["num_warps"] not in (4, 8):
+            reasons.append(f"options.persistent.num_warps={o['num_warps']}: 4 or 8")
+        if o["max_registers"] > 255:
+            reasons.append(f"options.persistent.max_registers={o['max_registers']}: at most 255")
         return reasons
 
     def __init__(self, model, *, options=None) -> None:
@@ -164,15 +172,17 @@ class PersistentForward(ForwardPass):
                 tuple(kv_pages.k.stride()[:3]), m.config.rms_norm_eps)
         scales = (0, 0) if kv_pages.k_scale is None else tuple(kv_pages.k_scale.stride()[:2])
         dot_f32 = interpreted(m.device)
+        launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
+                      max_registers=self.options["max_registers"])
         if not self._programs:
-            self._programs = 1 if dot_f32 else self._grid(args, scales)
-        launch_persistent_step(*args, self._programs, dot_f32, scale_strides=scales)
+            self._programs = 1 if dot_f32 else self._grid(args, launch)
+        launch_persistent_step(*args, self._programs, dot_f32, **launch)
 
-    def _grid(self, args: tuple, scales: tuple[int, int]) -> int:
+    def _grid(self, args: tuple, launch: dict) -> int:
         """Programs of the grid: ``programs_per_sm`` per multiprocessor, fewer where fewer fit."""
         device = self.model.device
         sms = sms_of(device)
-        compiled = launch_persistent_step(*args, sms, False, scale_strides=scales, warmup=True)
+        compiled = launch_persistent_step(*args, sms, False, **launch, warmup=True)
         shared = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
         fit = resident_programs(compiled, sms, shared)
         per_sm = min(self.options["programs_per_sm"], fit)

@@ -149,7 +149,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            lm_w: torch.Tensor, lm_s: torch.Tensor | None, final_norm: torch.Tensor,
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
-                           warmup: bool = False):
+                           num_warps: int = 4, max_registers: int = 0, warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -158,8 +158,10 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     the model dtype, or int8 where ``shape.kv_int8`` with float32 scales ``[P, Hkv, page_size]`` of
     ``scale_strides`` (page, head; slots contiguous) alike for K and V, the keys divided by the
     float32 ``[D]`` smoothing where ``shape.k_smooth``). ``lm_w`` (``lm_s`` its scales where int8)
-    and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``warmup``: compile, do not run;
-    returns the compiled kernel (for :func:`resident_programs`)."""
+    and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
+    program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
+    its own choice (up to 255). ``warmup``: compile, do not run; returns the compiled kernel (for
+    :func:`resident_programs`)."""
     t = positions.numel()
     assert 1 <= t <= 16, f"the persistent step runs 1..16 tokens, got {t}"
     s, act = shape, bufs.h
@@ -175,7 +177,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
               BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
               BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
               DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
-              DOT_PRECISION="ieee", num_warps=4, num_stages=1)
+              DOT_PRECISION="ieee", num_warps=num_warps, num_stages=1, maxnreg=max_registers or None)
     if warmup:
         return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)
     _persistent_step_kernel[(programs,)](*args, **kw)

@@ -143,13 +143,17 @@ def layer_pointer_table(rows: list[dict[str, torch.Tensor | None]], device: torc
 
 
 def resident_programs(compiled, num_sms: int, shared_per_sm: int, regs_per_sm: int = 65536,
-                      max_per_sm: int = 32) -> int:
+                      max_per_sm: int = 32, threads_per_sm: int = 2048, reg_unit: int = 8,
+                      shared_reserved: int = 1024) -> int:
     """Programs per multiprocessor of a compiled kernel that can be resident at once (registers,
-    shared memory, the hardware limit): a persistent grid larger than ``num_sms`` times this would
-    wait on programs that never start."""
+    shared memory, threads, the hardware limit): a persistent grid larger than ``num_sms`` times
+    this would wait on programs that never start. Registers are allocated per warp in units of
+    256 (``reg_unit`` 8 a thread: 100 registers take 104), and each program's shared memory takes
+    ``shared_reserved`` bytes more (sm_80 and later)."""
     compiled._init_handles()  # loads the module: fills in n_regs
     threads = compiled.metadata.num_warps * 32
-    by_regs = regs_per_sm // max(compiled.n_regs * threads, 1)
+    regs = -(-compiled.n_regs // reg_unit) * reg_unit
+    by_regs = regs_per_sm // max(regs * threads, 1)
     shared = compiled.metadata.shared
-    by_shared = shared_per_sm // shared if shared else max_per_sm
-    return max(0, min(by_regs, by_shared, max_per_sm))
+    by_shared = shared_per_sm // (shared + shared_reserved) if shared else max_per_sm
+    return max(0, min(by_regs, by_shared, threads_per_sm // threads, max_per_sm))

@@ -11,13 +11,16 @@ logits agree to 1e-5 relative, float16 ones to 2e-3 (a few float16 ulps of the a
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from tileinfer.backends.reference.persistent import decode_step
 from tileinfer.backends.reference.linear import quantize_int8
 from tileinfer.backends.triton.persistent import launch_persistent_step
-from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape, layer_pointer_table
+from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, StepShape, layer_pointer_table,
+                                                       resident_programs)
 
 HIDDEN, HEADS, KV_HEADS, D, INTER, VOCAB, LAYERS, PAGE, START = 80, 4, 2, 32, 96, 200, 2, 16, 70
 SHAPE = StepShape(hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS, head_dim=D, intermediate=INTER, vocab=VOCAB,
@@ -74,3 +77,15 @@ def test_the_step_is_its_twin(dtype, t, int8):
         for pages in ("k_pages", "v_pages"):
             torch.testing.assert_close(mine[pages], twin[pages], **TOL[dtype])
     assert not bufs.counters.any()
+
+
+@pytest.mark.parametrize("regs, warps, shared, fit", [
+    (255, 4, 49152, 2), (255, 8, 49152, 1), (128, 8, 49152, 2), (128, 4, 49152, 4),
+    (100, 4, 16384, 4),  # 104 registers allocated a thread: 5 would need 66,560
+    (128, 4, 58368, 3),  # 4 x (57 + 1) KiB of shared memory is more than 228 KiB
+    (17, 8, 4, 8), (17, 4, 4, 16),  # at most 2,048 threads
+])
+def test_resident_programs_counts_what_an_sm_allocates(regs, warps, shared, fit):
+    compiled = SimpleNamespace(_init_handles=lambda: None, n_regs=regs,
+                               metadata=SimpleNamespace(num_warps=warps, shared=shared))
+    assert resident_programs(compiled, 132, 228 * 1024) == fit
