@@ -6,7 +6,8 @@ Odd shapes: hidden 80 and intermediate 96 are not multiples of the 32-column K c
 (200) not of the lm_head's 64-row tiles; 70 cached positions on pages of 16 in a shuffled block
 table span two 64-position chunks, so both attention splits work. The kernel reduces in other
 orders than the twin's matmuls (module docstring of backends/triton/persistent.py): float32
-logits agree to 1e-5 relative, float16 ones to 2e-3 (a few float16 ulps of the activations).
+logits agree to 1e-5 relative, float16 ones to 8e-3 absolute: two float16 ulps of the largest
+activations (hidden states up to about 4, where an ulp is 3.9e-3; logits up to about 2.5).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, St
 HIDDEN, HEADS, KV_HEADS, D, INTER, VOCAB, LAYERS, PAGE, START = 80, 4, 2, 32, 96, 200, 2, 16, 70
 SHAPE = StepShape(hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS, head_dim=D, intermediate=INTER, vocab=VOCAB,
                   layers=LAYERS, page_size=PAGE, num_splits=2, chunk=64, block_k=32, block_n=(32, 32, 32, 32, 64))
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3)}
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=8e-3)}
 
 
 def weights(dtype: torch.dtype, int8: bool, g: torch.Generator) -> tuple[list[dict], dict]:
