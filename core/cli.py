@@ -271,7 +271,8 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
     if args.quiet:
         return 0
     print(f"[{stats.new_tokens} tokens, prefill {stats.prefill_ms:.1f} ms, decode {stats.decode_tok_s:.1f} tok/s, "
-          f"{stats.tokens_per_step:.2f} tokens/step, {stats.finish_reason}, {stats.decode_loop}]", file=sys.stderr)
+          f"{stats.tokens_per_step:.2f} tokens/step, {stats.finish_reason}, {stats.decode_loop}"
+          f"{f', {stats.cached_tokens} cached' if stats.cached_tokens else ''}]", file=sys.stderr)
     return 0
 
 

@@ -68,6 +68,7 @@ class Config:
     kv_capacity: Any = MISSING  # an int or "auto"
     memory_fraction: float = MISSING
     prefill_chunk: int = MISSING
+    prefix_cache: bool = MISSING
     threads: int = MISSING
     options: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 

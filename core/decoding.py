@@ -11,12 +11,15 @@ host drafting, the device loop) under its host-sync policy: each step leaves a r
 ``[committed, drafted, tokens...]`` (``tileinfer.host_records``), read by the host either before
 the next step is enqueued (eager) or after it (one step behind: the device never waits for the
 host). A step enqueued after the one that stops the generation (at an EOS) is discarded: its
-record is never read, its tokens never emitted. At the stop the KV store is cut to the prompt and
-the emitted tokens that were fed to a step.
+record is never read, its tokens never emitted. At the stop (or when the stream is closed) the KV
+store is cut to the prompt and the emitted tokens that were fed to a step, and those ids are kept
+(``tileinfer.prefix_cache``): the next prompt that starts with them prefills only the rest, unless
+the proposer keeps state of the prompt's prefill (``Proposer.reuses_prefix`` false: cold prefill).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +33,7 @@ from tileinfer.graph_capture import cuda_graph_capture
 from tileinfer.host_records import HostRecords
 from tileinfer.interfaces import ForwardPass, KVStore, Sample, Sampler
 from tileinfer.prefill import ChunkCallback
+from tileinfer.prefix_cache import PrefixCache
 from tileinfer.sampling_step import SamplingStep, TokenLogprob
 from tileinfer.speculative import DraftLength, finite_or
 from tileinfer.steps import MAX_GRAPH_TOKENS, StepRunner
@@ -40,13 +44,15 @@ from tileinfer.strategies import HostDrafting, PlainDecoding, Strategy
 class DecodeCounters:
     """One generation's counts: steps after the prefill whose tokens were committed (a step
     discarded after a stop is not counted), tokens drafted and accepted, the host time
-    (``time.perf_counter``) the first token was out, and the loop that ran (``LOOPS``' names)."""
+    (``time.perf_counter``) the first token was out, the loop that ran (``LOOPS``' names) and the
+    prompt tokens whose keys and values the previous generation left (not prefilled)."""
 
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
     first_token_time: float = 0.0
     loop: str = ""
+    cached: int = 0
 
 
 def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
@@ -63,14 +69,14 @@ def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
 @torch.inference_mode()
 def prefill(steps: StepRunner, sampler: Sampler, ids: Sequence[int], capture: Collection[int] = (),
             who: str = "sampler", *, chunk: int | None = None, on_chunk: ChunkCallback | None = None,
-            progress: bool = False) -> torch.Tensor:
-    """Run the prompt ``ids`` from position 0 (the KV store empty) in steps of at most ``chunk``
-    tokens (None: one step) and sample the token after it (``StepRunner.prefill``: ``on_chunk``
-    gets each chunk's ids, start and hidden states of the layers in ``capture``; ``progress``
-    shows a progress line on a terminal). Returns that token as a ``[1]`` int64 tensor on the
+            progress: bool = False, start: int = 0) -> torch.Tensor:
+    """Run the prompt ``ids`` from position ``start`` (the KV store holding ``ids[:start]``) in
+    steps of at most ``chunk`` tokens (None: one step) and sample the token after it
+    (``StepRunner.prefill``: ``on_chunk`` gets each chunk's ids, start and hidden states of the
+    layers in ``capture``; ``progress`` shows a progress line on a terminal). Returns that token as a ``[1]`` int64 tensor on the
     device, not read by the host (-1 if the logits are not finite)."""
     logits = steps.prefill(ids, chunk=chunk or max(len(ids), 1), capture=capture, on_chunk=on_chunk,
-                           progress=progress)
+                           progress=progress, start=start)
     return finite_or(checked_sample(sampler, logits, who).tokens, logits)
 
 
@@ -80,11 +86,14 @@ class Decoder:
     speculative loop, built when the plan's strategy is ``device``. ``who`` names the sampler's
     plugin in errors. The prompt is prefilled in steps of at most ``prefill_chunk`` tokens (None:
     one step), the proposer fed each chunk; ``progress`` shows a long prefill's progress on a
-    terminal.
+    terminal. ``prefix_cache`` (the engine passes its config key; off by default here): a prompt that
+    starts with the ids the last generation left in the store prefills only the rest
+    (``tileinfer.prefix_cache``).
     """
 
     def __init__(self, steps: StepRunner, sampler: Sampler, plan: DecodePlan, *, loop: SpeculativeLoop | None = None,
-                 who: str = "sampler", prefill_chunk: int | None = None, progress: bool = False) -> None:
+                 who: str = "sampler", prefill_chunk: int | None = None, progress: bool = False,
+                 prefix_cache: bool = False) -> None:
         assert (loop is not None) == (plan.strategy == "device"), "the device loop is built for the device strategy"
         assert loop is None or loop.proposer is plan.proposer, "the loop drafts with the plan's proposer"
         self.steps, self.kv, self.sampler, self.plan, self.loop = steps, steps.kv, sampler, plan, loop
@@ -98,6 +107,11 @@ class Decoder:
         self.records = HostRecords(steps.device, max(plan.spec_k, loop.k_max if loop else 0) + 3)
         self.draft_length = DraftLength(plan.spec_k, plan.adaptive)
         self.counters = DecodeCounters()
+        self.prefix = PrefixCache(steps.kv, prefix_cache)
+        self.reuses_prefix = plan.proposer is None or getattr(plan.proposer, "reuses_prefix", False)
+        if prefix_cache and not self.reuses_prefix:
+            logging.getLogger(__name__).debug("prefix_cache: %s keeps state of the prompt's prefill; every prompt "
+                                              "prefills cold", type(plan.proposer).__name__)
         self.choice = Choice(plan.strategy, plan.ahead)
         self.sampling = SamplingStep(sampler, [], 0)
         self.logprobs: list[TokenLogprob] = []  # of the tokens yielded last, when asked for
@@ -112,7 +126,7 @@ class Decoder:
         self.counters = DecodeCounters()
         self.draft_length.reset()
         self.sampler.generator.manual_seed(self.sampler.params.seed)
-        self.kv.reset()
+        self.counters.cached = self.prefix.start(ids, self.reuses_prefix)
         self.sampling = SamplingStep(self.sampler, ids, len(ids) + max_new + self.plan.spec_k + 2, logprobs)
         self.logprobs = []
         self.choice = self.plan.choose(self.sampler, len(ids), max_new, logprobs, self.kv.capacity)
@@ -132,35 +146,53 @@ class Decoder:
         proposer = strategy.proposer
         first = prefill(self.steps, self.sampling, ids, proposer.hidden_layers if proposer else (), self.who,
                         chunk=self.prefill_chunk, on_chunk=proposer.prompt_chunk if proposer else None,
-                        progress=self.progress)
+                        progress=self.progress, start=counters.cached)
         records.send(strategy.begin(ids, first, max_new, self.sampling))
         emitted, committed, done = 0, 0, False  # new tokens yielded; committed by the records read
-        while not done:
-            if records.in_flight < depth and committed + records.in_flight < max_new:
-                records.send(strategy.step(self.draft_length.k))
-            new, drafted = records.receive()
-            _finite(min(new), len(ids) + committed)
-            strategy.took(new)
-            committed += len(new)
-            if records.received == 1:
-                counters.first_token_time = time.perf_counter()
+        sequence, ended = list(ids), False  # the prompt and the tokens yielded; whether the loop ended in order
+        try:
+            while not done:
+                if records.in_flight < depth and committed + records.in_flight < max_new:
+                    records.send(strategy.step(self.draft_length.k))
+                new, drafted = records.receive()
+                _finite(min(new), len(ids) + committed)
+                strategy.took(new)
+                committed += len(new)
+                if records.received == 1:
+                    counters.first_token_time = time.perf_counter()
+                else:
+                    counters.steps += 1
+                    counters.drafted += drafted
+                    counters.accepted += len(new) - 1
+                    self.draft_length.update(drafted, len(new) - 1)
+                keep, done = _until_stop(new, eos, max_new - emitted)
+                emitted += len(keep)
+                sequence += keep
+                self.logprobs = self.sampling.logprobs_of(keep)
+                if done:
+                    self._cut(len(ids), emitted, committed)
+                yield keep
+            ended = True
+        except GeneratorExit:  # the stream was closed: what was fed is valid
+            ended = True
+            raise
+        finally:
+            if ended:
+                self.prefix.keep(sequence[:self._cut(len(ids), emitted, committed)])
             else:
-                counters.steps += 1
-                counters.drafted += drafted
-                counters.accepted += len(new) - 1
-                self.draft_length.update(drafted, len(new) - 1)
-            keep, done = _until_stop(new, eos, max_new - emitted)
-            emitted += len(keep)
-            self.logprobs = self.sampling.logprobs_of(keep)
-            if done:  # valid keys and values: the committed tokens, the last one once a step fed it
-                fed = committed - (0 if records.in_flight else 1)
-                self.kv.truncate(len(ids) + min(emitted, fed))
-            yield keep
+                self.prefix.forget()
+
+    def _cut(self, prompt: int, emitted: int, committed: int) -> int:
+        """Cut the store to its valid keys and values (the prompt and the committed tokens, the last
+        one once a step fed it; at most the ``emitted`` ones) and return its length."""
+        fed = committed - (0 if self.records.in_flight else 1)
+        self.kv.truncate(prompt + min(emitted, fed))
+        return self.kv.length
 
 
 def build_decoder(plan: DecodePlan, forward: ForwardPass, kv: KVStore, sampler: Sampler, *,
                   capture: Callable = cuda_graph_capture, who: str = "sampler", prefill_chunk: int | None = None,
-                  progress: bool = False) -> Decoder:
+                  progress: bool = False, prefix_cache: bool = False) -> Decoder:
     """The Decoder of ``plan`` over the target's ``forward`` pass and ``kv``: the step runner, the
     device loop when the plan's strategy is ``device``, their graphs captured now with ``capture``
     when ``plan.graphs`` (every token count a step can have: 1, and 2 .. 1 + spec_k with a
@@ -171,7 +203,8 @@ def build_decoder(plan: DecodePlan, forward: ForwardPass, kv: KVStore, sampler: 
     steps = StepRunner(forward, kv, proposer.hidden_layers if proposer else (), capture=graphs)
     with torch.inference_mode():
         steps.capture(range(1, min(plan.spec_k + 1, MAX_GRAPH_TOKENS) + 1) if proposer else [1])
-    return Decoder(steps, sampler, plan, loop=loop, who=who, prefill_chunk=prefill_chunk, progress=progress)
+    return Decoder(steps, sampler, plan, loop=loop, who=who, prefill_chunk=prefill_chunk, progress=progress,
+                   prefix_cache=prefix_cache)
 
 
 def _finite(token: int, position: int) -> int:

@@ -70,6 +70,7 @@ class GenerationStats:
     kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
     decode_loop: str = ""  # sequential, pipelined, speculative-sequential or speculative-device (decode_plan.LOOPS)
     stop_reason: str | int | None = None  # the stop string or stop token that ended it ("stop" only)
+    cached_tokens: int = 0  # prompt tokens the previous generation left in the KV cache, not prefilled again
 
 
 @dataclass
@@ -166,7 +167,7 @@ class Engine:
         entry = self.registry.entry("sampler", config.sampler)
         return build_decoder(plan, build_forward(self.model, config, self.registry), self.kv, self.stop_ban,
                              who=f"sampler={config.sampler} ({entry.origin})", prefill_chunk=config.prefill_chunk,
-                             progress=self.progress)
+                             progress=self.progress, prefix_cache=config.prefix_cache)
 
     @classmethod
     def from_config(cls, *sources: ConfigSource, overrides: Sequence[str] = (), registry: Registry | None = None,
@@ -335,6 +336,7 @@ class Engine:
             kv_capacity=self.capacity,
             decode_loop=counters.loop,
             stop_reason=completion.stop_reason,
+            cached_tokens=counters.cached,
         )
 
     @staticmethod

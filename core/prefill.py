@@ -45,45 +45,52 @@ def progress_line(total: int, shown: bool) -> tqdm:
 @torch.inference_mode()
 def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, chunk: int,
                     capture: Collection[int] = (), on_chunk: ChunkCallback | None = None,
-                    progress: bool = False, graphs: PrefillGraphs | None = None) -> torch.Tensor:
-    """Run the prompt ``ids`` from position 0 (the KV store empty) in steps of at most ``chunk``
-    tokens; returns the float32 logits ``[1, V]`` after its last token, on the device (not read).
+                    progress: bool = False, graphs: PrefillGraphs | None = None,
+                    start: int = 0) -> torch.Tensor:
+    """Run the prompt ``ids`` from position ``start`` (the KV store holding ``ids[:start]`` at
+    least, ``0 <= start < len(ids)``; what it holds past ``start`` is dropped) in steps of at most
+    ``chunk`` tokens; returns the float32 logits ``[1, V]`` after its last token, on the device
+    (not read).
 
     ``capture``: the decoder layers whose outputs ``on_chunk(tokens, start, hidden)`` receives
     after each chunk (``tokens`` the chunk's ids, at positions ``start ..``; ``hidden`` ``[len(tokens),
     hidden_size]`` per layer). ``progress``: show the progress line when stderr is a terminal and the
     prompt takes more than one chunk. ``graphs``: the prefill graphs to replay the chunks from (None:
     every chunk eagerly).
-    The KV store ends holding exactly the prompt (``kv.length == len(ids)``).
+    The KV store ends holding exactly the prompt (``kv.length == len(ids)``). A proposer fed by
+    ``on_chunk`` sees the chunks from ``start`` only.
     """
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     ids = list(ids)
     total = len(ids)
+    if not 0 <= start < total or start > kv.length:
+        raise ValueError(f"a prefill from {start} of {total} tokens needs the store to hold {start}, not {kv.length}")
+    kv.truncate(start)  # positions past it are the prompt's to write
     kv.reserve(total)
     tokens = torch.tensor(ids, dtype=torch.int64, device=forward.device)
-    line = progress_line(total, progress and total > chunk)
+    line = progress_line(total - start, progress and total - start > chunk)
     cuda = forward.device.type == "cuda"
     pending: tuple[torch.cuda.Event, int] | None = None  # the previous chunk's end, until the device is past it
     logits = None
     try:
-        for start in range(0, total, chunk):
-            end = min(start + chunk, total)
-            logits, hidden = _chunk(forward, kv, tokens[start:end], start, chunk, capture, end == total, graphs)
+        for first in range(start, total, chunk):
+            end = min(first + chunk, total)
+            logits, hidden = _chunk(forward, kv, tokens[first:end], first, chunk, capture, end == total, graphs)
             if on_chunk is not None:
-                on_chunk(ids[start:end], start, hidden)
+                on_chunk(ids[first:end], first, hidden)
             del hidden
             if line.disable:
                 continue
             if not cuda:
-                line.update(end - line.n)
+                line.update(end - start - line.n)
                 continue
             event = torch.cuda.Event()
             event.record()
             if pending is not None:
                 pending[0].synchronize()
                 line.update(pending[1] - line.n)
-            pending = (event, end)
+            pending = (event, end - start)
     finally:
         line.close()
     kv.truncate(total)  # a padded chunk's positions past the prompt

@@ -27,6 +27,7 @@ class RequestRecord:
 
     start: float
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, those the KV cache held from the previous generation
     completion_tokens: int = 0
     first_token_s: float | None = None
     note: str = ""

@@ -65,7 +65,7 @@ class Reply:
             self.record.note = "client went away"
 
     def _usage(self) -> dict:
-        return api.usage(self.record.prompt_tokens, self.record.completion_tokens)
+        return api.usage(self.record.prompt_tokens, self.record.completion_tokens, self.record.cached_tokens)
 
     async def whole(self, request: Request) -> Response:
         n = len(self.job.streams)

@@ -125,6 +125,7 @@ class Worker:
             return False
         finally:
             stream.close()
+        job.record.cached_tokens += stats.cached_tokens
         job.send("done", index, _FINISH[stats.finish_reason], stats.stop_reason)
         return True
 

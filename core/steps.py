@@ -89,10 +89,11 @@ class StepRunner:
         return outputs
 
     def prefill(self, ids: Sequence[int], *, chunk: int, capture: Collection[int] = (),
-                on_chunk: ChunkCallback | None = None, progress: bool = False) -> torch.Tensor:
-        """``tileinfer.prefill.chunked_prefill`` of ``ids`` over this runner's prefill graphs (if any)."""
+                on_chunk: ChunkCallback | None = None, progress: bool = False, start: int = 0) -> torch.Tensor:
+        """``tileinfer.prefill.chunked_prefill`` of ``ids`` from ``start`` (the store holding
+        ``ids[:start]``) over this runner's prefill graphs (if any)."""
         return chunked_prefill(self.forward_pass, self.kv, ids, chunk=chunk, capture=capture, on_chunk=on_chunk,
-                               progress=progress, graphs=self.prefill_graphs)
+                               progress=progress, graphs=self.prefill_graphs, start=start)
 
     def capture(self, token_counts: Collection[int]) -> None:
         """Capture the graphs of ``token_counts`` now (when the engine is built: 1, and 1 + spec_k

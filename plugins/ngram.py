@@ -49,7 +49,10 @@ def ngram_lookup_on_device(tokens: torch.Tensor, length: torch.Tensor, n_min: in
 
 class NgramProposer(Proposer):
     """Matches the longest suffix of ``n_max`` down to ``n_min`` tokens earlier in the context and
-    proposes the tokens that followed it (deterministic: ``q`` is one-hot)."""
+    proposes the tokens that followed it (deterministic: ``q`` is one-hot). It reads the whole
+    sequence at each draft, so a cached prompt prefix serves it too (``reuses_prefix``)."""
+
+    reuses_prefix = True
 
     declared_options = (
         Option("n_min", int, 1, "the shortest suffix matched", minimum=1),

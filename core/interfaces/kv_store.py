@@ -84,6 +84,7 @@ class KVStore(Pluggable, ABC):
         self._free = list(range(geometry.num_pages))
         self._pages: list[int] = []
         self.length = 0  # positions of the sequence that are (or, during a step, will be) cached
+        self.version = 0  # counts reserve and truncate calls: a holder of the cached ids sees any change since
         self._workspace: tuple[torch.Tensor, ...] = ()
 
     @property
@@ -96,7 +97,7 @@ class KVStore(Pluggable, ABC):
 
     def reserve(self, length: int) -> None:
         """Grow the sequence to ``length`` positions before a step writes the new ones: pages are
-        taken from the free list to cover ``[0, length)``."""
+        taken from the free list to cover ``[0, length)``. Every call counts in ``version``."""
         if length > self.capacity:
             raise UsageError(
                 f"the sequence needs {length} positions but the KV cache holds {self.capacity} "
@@ -112,12 +113,15 @@ class KVStore(Pluggable, ABC):
             # before the call returns, and the copy is ordered after the steps already enqueued.
             self.block_table[first:needed].copy_(torch.tensor(new, dtype=torch.int32), non_blocking=True)
         self.length = max(self.length, length)
+        self.version += 1
 
     def truncate(self, length: int) -> None:
-        """Forget positions ``>= length`` (rejected speculative tokens); frees whole pages."""
+        """Forget positions ``>= length`` (rejected speculative tokens, or the part of a cached
+        sequence a new prompt does not share); frees whole pages. Every call counts in ``version``."""
         if length > self.length:
             raise ValueError(f"cannot truncate to {length}: only {self.length} positions are cached")
         self.length = length
+        self.version += 1
         keep = -(-length // self.page_size)
         while len(self._pages) > keep:
             self._free.append(self._pages.pop())

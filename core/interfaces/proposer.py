@@ -89,9 +89,16 @@ class Proposer(Pluggable, ABC):
     Set ``hidden_layers`` to the target decoder layers whose outputs (``[T, hidden]`` per layer,
     before the final norm) the proposer wants: the engine then hands them to ``prompt_chunk`` (the
     chunk's prompt positions) and ``accept`` (the verify step's positions).
+
+    Set ``reuses_prefix`` when the proposer keeps nothing of ``prompt_chunk`` (it reads the whole
+    sequence in ``start``/``propose``, or ``seq`` on the device): a prompt that starts with what the
+    previous generation left in the target's KV store is then prefilled from there only, and
+    ``prompt_chunk`` sees the chunks from that position (``tileinfer.prefix_cache``). False (the
+    default): every prompt of such an engine prefills from position 0.
     """
 
     hidden_layers: tuple[int, ...] = ()
+    reuses_prefix: bool = False
 
     def __init__(self, context: ProposerContext) -> None:
         self.context = context

@@ -46,8 +46,9 @@ def folder(checkpoint_factory):
 
 
 def build(folder, variant: str = "reference", **keys) -> tileinfer.Engine:
+    """Every prompt prefilled from position 0 (no prefix reuse: the buckets are the prompts')."""
     return tileinfer.Engine.from_config(*VARIANTS[variant], model=str(folder), device=DEVICE, dtype="float32",
-                                        kv_page_size=PAGE, progress=False, **keys)
+                                        kv_page_size=PAGE, progress=False, prefix_cache=False, **keys)
 
 
 def graphed(engine: tileinfer.Engine) -> StepRunner:

@@ -183,3 +183,25 @@ def test_a_stop_ends_a_long_generation_within_the_shutdown_timeout(engine):
         assert gated.streams[0]["closed"] and gated.streams[0]["chunks"] < 300  # cut short, not run to its end
         reader.join(20)
         assert "data: [DONE]" not in lines
+
+
+def test_usage_reports_the_cached_prompt_tokens(client, engine, reference):
+    """A conversation's next turn, and a completion that repeats a prompt, reuse the served engine's
+    KV cache: usage.prompt_tokens_details.cached_tokens counts it (streamed usage too); the replies
+    are those of a cold prefill."""
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    first = client.chat.completions.create(model=NAMES[0], messages=messages, max_tokens=6, temperature=0)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "and then?"}]
+    chunks = list(client.chat.completions.create(model=NAMES[0], messages=messages, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    ids = chat_ids(reference, messages)
+    reference.kv.reset()  # a cold prefill
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reference.generate(
+        ids, max_new_tokens=6).text
+    assert 0 < chunks[-1].usage.prompt_tokens_details.cached_tokens < chunks[-1].usage.prompt_tokens == len(ids)
+    once = client.completions.create(model=NAMES[0], prompt="import os", max_tokens=3, temperature=0)
+    again = client.completions.create(model=NAMES[0], prompt="import os", max_tokens=3, temperature=0)
+    assert again.choices[0].text == once.choices[0].text
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+    assert first.usage.prompt_tokens_details.cached_tokens >= 0

@@ -1,0 +1,146 @@
+"""prefix_cache: a prompt that starts with what the last generation left in the KV cache prefills the rest
+only, with the tokens of a cold prefill (greedy), on the reference CPU path and the Triton kernels."""
+
+from __future__ import annotations
+
+import pytest
+
+import tileinfer
+from tileinfer import SamplingParams
+from tileinfer.chat import ChatSession
+from tileinfer.prefix_cache import common_prefix
+from conftest import DEVICE, REFERENCE_CPU, repetitive_prompt
+
+TRITON_MODEL = dict(hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=48, vocab=96, layers=2, tokenizer=False)
+NEW = 4  # new tokens a generation: the cache then holds the prompt and the first NEW - 1 of them
+
+
+def reference(folder, **keys) -> tileinfer.Engine:
+    overrides = REFERENCE_CPU + [f"{k}={v}" for k, v in keys.items()]
+    return tileinfer.Engine.from_config(model=str(folder), overrides=overrides, progress=False)
+
+
+def triton(folder, **keys) -> tileinfer.Engine:
+    return tileinfer.Engine.from_config("reference", model=str(folder), device=DEVICE, dtype="float32",
+                                        kv_page_size=16, linear="triton", attention="triton", progress=False, **keys)
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_checkpoint):
+    """A reference engine that reuses prefixes and one that does not."""
+    return reference(tiny_checkpoint), reference(tiny_checkpoint, prefix_cache="false")
+
+
+def cases(prompt: list[int], out: list[int]) -> dict[str, tuple[list[int], int]]:
+    """After a generation of ``prompt`` whose new tokens are ``out``: prompts and the tokens they reuse."""
+    cached = prompt + out[:NEW - 1]
+    return {
+        "diverges mid-way": (prompt[:10] + [3, 1, 4], 10),
+        "a prefix of the cache": (prompt[:15], 14),
+        "equal to the cache": (cached, len(cached) - 1),
+        "extends the cache": (cached + [5, 9], len(cached)),
+        "shares nothing": ([(prompt[0] + 1) % 90] + prompt[1:], 0),
+    }
+
+
+def check_reuse(warm, cold, prompt: list[int]) -> None:
+    """Each case after a generation of ``prompt``: the cold engine's tokens, the reuse counted."""
+    out = warm.generate(prompt, max_new_tokens=NEW).token_ids
+    for name, (ids, reused) in cases(prompt, out).items():
+        warm.generate(prompt, max_new_tokens=NEW)
+        got = warm.generate(ids, max_new_tokens=NEW)
+        expected = cold.generate(ids, max_new_tokens=NEW)
+        assert got.token_ids == expected.token_ids, name
+        assert (got.stats.cached_tokens, expected.stats.cached_tokens) == (reused, 0), name
+        assert got.stats.prompt_tokens == len(ids)
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+
+
+def test_prompts_that_share_part_of_the_cache_give_a_cold_prefills_tokens(pair):
+    check_reuse(*pair, repetitive_prompt()[:30])
+
+
+def test_the_triton_kernels_reuse_a_prefix_exactly(checkpoint_factory):
+    """Under the interpreter (few generations): a prompt that diverges inside the second page of 16,
+    then one that extends the cache; both attention kernels (the 2-token prefill of the second)."""
+    folder = checkpoint_factory(**TRITON_MODEL)
+    warm, cold = triton(folder), triton(folder, prefix_cache=False)
+    prompt = repetitive_prompt()[:21]
+    warm.generate(prompt, max_new_tokens=2)
+    diverges = prompt[:18] + [3, 1]
+    got = warm.generate(diverges, max_new_tokens=2)
+    assert (got.token_ids, got.stats.cached_tokens) == (cold.generate(diverges, max_new_tokens=2).token_ids, 18)
+    extends = diverges + got.token_ids[:1] + [5]
+    got = warm.generate(extends, max_new_tokens=2)
+    assert (got.token_ids, got.stats.cached_tokens) == (cold.generate(extends, max_new_tokens=2).token_ids, 21)
+
+
+def test_a_chat_prefills_only_each_new_turn(pair):
+    warm, cold = pair
+    messages = [{"role": "system", "content": "You write Python."}]
+    for turn, user in enumerate(["def add(a, b):", "class Point:", "import os"]):
+        messages.append({"role": "user", "content": user})
+        params = SamplingParams(max_tokens=5)
+        got, expected = warm.chat(messages, params), cold.chat(messages, params)
+        assert got.token_ids == expected.token_ids
+        assert expected.stats.cached_tokens == 0
+        assert (got.stats.cached_tokens > 0) == (turn > 0)
+        if turn:  # the history up to the previous reply at least
+            assert got.stats.cached_tokens >= previous
+        previous = got.stats.prompt_tokens - 10
+        messages.append({"role": "assistant", "content": got.text})
+
+
+def test_reset_and_trimmed_turns_stay_exact(tiny_checkpoint):
+    """A small context drops the oldest turns (the rendered history changes at its start) and /reset
+    clears it: the replies are those of an engine that prefills cold."""
+    warm, cold = (reference(tiny_checkpoint, kv_capacity=96, **keys) for keys in ({}, {"prefix_cache": "false"}))
+    sessions = [ChatSession(e, SamplingParams(max_tokens=8), system="Be brief.") for e in (warm, cold)]
+    for user in ["def add(a, b):", "class Point:", "/reset", "for i in range(10):", "The quick brown fox"]:
+        if user == "/reset":
+            for session in sessions:
+                session.reset()
+            continue
+        assert sessions[0].reply(user, lambda text: None) == sessions[1].reply(user, lambda text: None)
+    assert len(sessions[0].turns) < 4  # the context dropped turns
+
+
+def test_a_closed_stream_leaves_what_was_fed(pair):
+    warm, cold = pair
+    prompt = repetitive_prompt()[:24]
+    stream = warm.stream(prompt, max_new_tokens=8)
+    first = next(stream).token_ids + next(stream).token_ids
+    stream.close()
+    got = warm.generate(prompt + first, max_new_tokens=NEW)
+    assert got.token_ids == cold.generate(prompt + first, max_new_tokens=NEW).token_ids
+    assert got.stats.cached_tokens == len(prompt) + 1  # the second token was not fed to a step yet
+
+
+def test_another_use_of_the_store_makes_the_next_prompt_cold(pair):
+    warm, _ = pair
+    prompt = repetitive_prompt()[:12]
+    warm.generate(prompt, max_new_tokens=NEW)
+    warm.kv.truncate(warm.kv.length)  # any reserve or truncate outside a generation
+    assert warm.generate(prompt, max_new_tokens=NEW).stats.cached_tokens == 0
+    assert warm.generate(prompt, max_new_tokens=NEW).stats.cached_tokens == len(prompt) - 1
+
+
+def test_ngram_reuses_the_prefix_and_a_draft_model_prefills_cold(checkpoint_factory, tiny_checkpoint):
+    """ngram reads the whole sequence at each draft; the draft model keeps its own KV cache of the
+    prompt, so its engine prefills every prompt cold (the draft cache stays right)."""
+    prompt = repetitive_prompt()[:30]
+    cold = reference(tiny_checkpoint, prefix_cache="false")
+    draft = {"proposer": "draft", "spec_k": 3, "options.draft.model": str(checkpoint_factory(seed=9))}
+    for keys, reuses in (({"proposer": "ngram", "spec_k": 3}, True), (draft, False)):
+        engine = reference(tiny_checkpoint, **keys)
+        first = engine.generate(prompt, max_new_tokens=NEW).token_ids
+        for ids in (prompt + first[:2], prompt[:20]):
+            got = engine.generate(ids, max_new_tokens=NEW)
+            assert got.token_ids == cold.generate(ids, max_new_tokens=NEW).token_ids
+            assert (got.stats.cached_tokens > 0) == reuses, keys["proposer"]
+
