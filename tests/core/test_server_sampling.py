@@ -88,7 +88,10 @@ def test_chat_logprobs_shapes_streamed_and_not(client, engine, reference):
     chunks = list(client.chat.completions.create(model=model_id(engine), messages=messages, max_tokens=8,
                                                  logprobs=True, top_logprobs=3, stream=True))
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # the same prompt again reuses the cached prefix (prefix_cache): its last token's step has
+    # another shape than the first request's prefill, so the logprobs agree to rounding
+    assert [e.token for e in streamed] == [e.token for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], rel=1e-6)
     plain = client.chat.completions.create(model=model_id(engine), messages=messages, max_tokens=8)
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == reply.choices[0].message.content
 
