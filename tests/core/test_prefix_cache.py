@@ -144,3 +144,16 @@ def test_ngram_reuses_the_prefix_and_a_draft_model_prefills_cold(checkpoint_fact
             assert got.token_ids == cold.generate(ids, max_new_tokens=NEW).token_ids
             assert (got.stats.cached_tokens > 0) == reuses, keys["proposer"]
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keys", [{}, {"proposer": "ngram", "spec_k": 3}], ids=["plain", "ngram-device-loop"])
+def test_the_default_gpu_path_reuses_a_prefix_exactly(tiny_checkpoint, keys):
+    """The default config on a GPU (CUDA graphs, the pipelined loop; with ngram the device-resident
+    loop), float32 so that the reused and the cold step shapes round alike: every case of
+    :func:`cases` gives the cold engine's tokens and counts its reuse."""
+    def engine(**more) -> tileinfer.Engine:
+        return tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cuda", dtype="float32",
+                                            progress=False, **keys, **more)
+
+    check_reuse(engine(), engine(prefix_cache=False), repetitive_prompt()[:30])
