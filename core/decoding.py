@@ -73,8 +73,8 @@ def prefill(steps: StepRunner, sampler: Sampler, ids: Sequence[int], capture: Co
     """Run the prompt ``ids`` from position ``start`` (the KV store holding ``ids[:start]``) in
     steps of at most ``chunk`` tokens (None: one step) and sample the token after it
     (``StepRunner.prefill``: ``on_chunk`` gets each chunk's ids, start and hidden states of the
-    layers in ``capture``; ``progress`` shows a progress line on a terminal). Returns that token as a ``[1]`` int64 tensor on the
-    device, not read by the host (-1 if the logits are not finite)."""
+    layers in ``capture``; ``progress`` shows a progress line on a terminal). Returns that token as
+    a ``[1]`` int64 tensor on the device, not read by the host (-1 if the logits are not finite)."""
     logits = steps.prefill(ids, chunk=chunk or max(len(ids), 1), capture=capture, on_chunk=on_chunk,
                            progress=progress, start=start)
     return finite_or(checked_sample(sampler, logits, who).tokens, logits)
@@ -108,7 +108,7 @@ class Decoder:
         self.draft_length = DraftLength(plan.spec_k, plan.adaptive)
         self.counters = DecodeCounters()
         self.prefix = PrefixCache(steps.kv, prefix_cache)
-        self.reuses_prefix = plan.proposer is None or getattr(plan.proposer, "reuses_prefix", False)
+        self.reuses_prefix = plan.proposer is None or plan.proposer.reuses_prefix
         if prefix_cache and not self.reuses_prefix:
             logging.getLogger(__name__).debug("prefix_cache: %s keeps state of the prompt's prefill; every prompt "
                                               "prefills cold", type(plan.proposer).__name__)
