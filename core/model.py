@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from tileinfer.interfaces import Attention, KVStore, Linear, RMSNorm, RopeTable, Step
 from tileinfer.model_config import ModelConfig
+from tileinfer.rope import rope_table  # noqa: F401 (tileinfer.model.rope_table: the tables' one builder)
 
 
 @dataclass
@@ -39,14 +40,6 @@ class Qwen3Layer:
     o_proj: Linear  # called with the residual stream
     gate_up: Linear  # post_attention_layernorm, then SwiGLU: [T, hidden] -> [T, intermediate]
     down: Linear  # called with the residual stream
-
-
-def rope_table(head_dim: int, theta: float, max_positions: int, device: torch.device) -> RopeTable:
-    """cos and sin of ``position * theta^(-2i / head_dim)``, ``[max_positions, head_dim // 2]`` float32."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    angles = torch.arange(max_positions, dtype=torch.int64, device=device).float()[:, None] * inv_freq[None, :]
-    return RopeTable(angles.cos(), angles.sin())
 
 
 class Qwen3Model:
@@ -83,7 +76,7 @@ class Qwen3Model:
             raise ValueError(f"positions must be a positive integer, got {positions!r}")
         rows = config.max_positions if positions is None else min(positions, config.max_positions)
         embed = tensor("model.embed_tokens.weight")
-        rope = rope_table(config.head_dim, config.rope_theta, rows, embed.device)
+        rope = config.rope_table(rows, embed.device)
         spec = config.attention
 
         def linear(weight: torch.Tensor, **kw) -> Linear:

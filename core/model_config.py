@@ -7,14 +7,20 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from tileinfer.errors import CheckpointError
-from tileinfer.interfaces import AttentionSpec
+from tileinfer.interfaces import AttentionSpec, RopeTable
+from tileinfer.rope import YarnScaling, read_rope_type, read_yarn, rope_table
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM",)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """``max_positions``: the model's context, ``max_position_embeddings``, or YaRN's
+    ``factor * original_max_position_embeddings`` where larger (as vLLM sizes a YaRN model)."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -27,6 +33,11 @@ class ModelConfig:
     max_positions: int
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...] = ()
+    yarn: YarnScaling | None = None  # YaRN RoPE scaling; None: the default RoPE
+
+    def rope_table(self, positions: int, device: torch.device) -> RopeTable:
+        """The cos/sin tables of this model's RoPE (:func:`tileinfer.rope.rope_table`), ``positions`` rows."""
+        return rope_table(self.head_dim, self.rope_theta, positions, device, self.yarn)
 
     @property
     def attention(self) -> AttentionSpec:
@@ -78,15 +89,8 @@ class ModelConfig:
                 f"tileinfer runs dense Qwen3 models ({', '.join(SUPPORTED_ARCHITECTURES)}, model_type qwen3)"
             )
         key = _Keys(raw, source)
-        rope = key.mapping("rope_parameters")
-        scaling = key.mapping("rope_scaling")
-        for name, section, field_ in (("rope_parameters", rope, "rope_type"), ("rope_scaling", scaling, "rope_type"),
-                                      ("rope_scaling", scaling, "type")):
-            rope_type = section.get(field_)
-            if rope_type is not None and not isinstance(rope_type, str):
-                raise CheckpointError(f"{source}: {name}.{field_} must be a string, got {_show(rope_type)}")
-            if rope_type not in (None, "default"):
-                raise CheckpointError(f"{source}: rope type {rope_type!r} is not supported (only the default RoPE)")
+        key.mapping("rope_parameters"), key.mapping("rope_scaling")  # JSON objects or null
+        rope_type, rope_key, rope = read_rope_type(raw, source)
         if key.flag("attention_bias", False):
             raise CheckpointError(f"{source}: attention_bias=true is not supported (Qwen3 has no biases)")
         if key.flag("use_sliding_window", False):
@@ -114,8 +118,10 @@ class ModelConfig:
         if head_dim % 2:
             raise CheckpointError(f"{source}: head_dim {head_dim} must be even for RoPE")
         theta = key.number("rope_theta", 10000.0, low=1.0)  # older transformers' key, checked even if not used
-        if rope.get("rope_theta") is not None:  # newer transformers' (which wins, as there)
-            theta = _number(rope["rope_theta"], "rope_parameters.rope_theta", source, low=1.0)
+        if rope.get("rope_theta") is not None:  # the RoPE section's (which wins, as there)
+            theta = _number(rope["rope_theta"], f"{rope_key}.rope_theta", source, low=1.0)
+        positions = key.integer("max_position_embeddings", default=32768)
+        yarn = read_yarn(raw, rope_key, rope, source, positions, theta) if rope_type == "yarn" else None
         vocab = key.integer("vocab_size")
         eos = eos_ids(raw, source, vocab)
         return cls(
@@ -128,9 +134,10 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=key.number("rms_norm_eps", 1e-6, low=0.0),
             rope_theta=theta,
-            max_positions=key.integer("max_position_embeddings", default=32768),
+            max_positions=max(positions, yarn.context) if yarn else positions,
             tie_word_embeddings=key.flag("tie_word_embeddings", False),
             eos_token_ids=eos,
+            yarn=yarn,
         )
 
 

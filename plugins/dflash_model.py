@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from tileinfer.interfaces import Attention, KVStore, Linear, RMSNorm, Step
-from tileinfer.model import Backend, rope_table, stack_forward
+from tileinfer.model import Backend, stack_forward
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
 
 
@@ -75,7 +75,7 @@ class DFlashDrafter:
         def norm(name: str) -> RMSNorm:
             return RMSNorm(tensor(name), m.rms_norm_eps)
 
-        rope = rope_table(m.head_dim, m.rope_theta, min(positions, m.max_positions), embed.device)
+        rope = m.rope_table(min(positions, m.max_positions), embed.device)
         layers, context = [], []
         for n in range(m.num_layers):
             p = f"layers.{n}."

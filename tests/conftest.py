@@ -102,16 +102,19 @@ def write_tokenizer(folder: Path, vocab_size: int) -> None:
 def make_checkpoint(folder: Path, *, tie: bool = False, heads: int = 4, kv_heads: int = 2, head_dim: int = 32,
                     hidden: int = 64, layers: int = 2, vocab: int = 320, intermediate: int = 128,
                     max_positions: int = 512, shard: bool = False, seed: int = 0, std: float = 0.05,
-                    eos: int | None = None, tokenizer: bool = True, rope_theta: float = 10000.0) -> Path:
+                    eos: int | None = None, tokenizer: bool = True, rope_theta: float = 10000.0,
+                    rope_scaling: dict | None = None) -> Path:
     """Save a random Qwen3ForCausalLM with transformers; norm weights are random too (HF starts
-    them at 1, which would hide a norm applied without its weight)."""
+    them at 1, which would hide a norm applied without its weight). ``rope_scaling``: e.g. YaRN's
+    parameters, as a config.json's ``rope_scaling`` holds them."""
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          head_dim=head_dim, max_position_embeddings=max_positions, tie_word_embeddings=tie,
-                         initializer_range=std, rope_theta=rope_theta, eos_token_id=eos)
+                         initializer_range=std, rope_theta=rope_theta, eos_token_id=eos,
+                         **({"rope_scaling": dict(rope_scaling)} if rope_scaling else {}))
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -82,7 +82,8 @@ CONFIG_CASES = {
     **{f"rope_scaling={value!r}": ("rope_scaling", setting("rope_scaling", value), "rope_scaling must be a JSON object")
        for value in [[1], "yarn", 4]},
     "rope_scaling.type=3": ("rope_scaling.type", setting("rope_scaling", {"type": 3}), "must be a string, got 3"),
-    "rope_scaling yarn": ("rope type", setting("rope_scaling", {"rope_type": "yarn", "factor": 4.0}), "'yarn' is not"),
+    "rope_scaling linear": ("rope type", setting("rope_scaling", {"rope_type": "linear", "factor": 4.0}),
+                            "'linear' is not supported (supported: default, yarn)"),
     **{f"architectures={value!r}": ("architectures", setting("architectures", value), "architectures must be a list")
        for value in ["Qwen3ForCausalLM", 5, [1], {"Qwen3ForCausalLM": 1}]},
     **{f"layer_types={value!r}": ("layer_types", setting("layer_types", value), "layer_types")

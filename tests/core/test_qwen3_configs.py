@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 
 import pytest
@@ -82,7 +83,7 @@ def expected(raw: dict) -> dict:
                 num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"],
                 head_dim=raw["head_dim"], rms_norm_eps=raw["rms_norm_eps"], rope_theta=raw["rope_theta"],
                 max_positions=raw["max_position_embeddings"], tie_word_embeddings=raw["tie_word_embeddings"],
-                eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,))
+                eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,), yarn=None)
 
 
 @pytest.mark.parametrize("newer", [False, True], ids=["transformers4", "transformers5"])
@@ -92,6 +93,24 @@ def test_published_configs(name, newer):
     config = ModelConfig.from_dict(raw)
     assert config.__dict__ == expected(PUBLISHED[name])
     assert config.rope_theta == 1e6 and config.max_positions == 40960 and config.head_dim == 128
+
+
+QWEN3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}  # Qwen3's model card
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["transformers4", "transformers5"])
+def test_the_model_cards_yarn_settings(newer):
+    """rope_scaling as the Qwen3 card writes it (older layout; newer: rope_parameters, with "type"
+    beside "rope_type" as transformers 5 saves it): YaRN at factor 4, a context of 131072."""
+    raw = with_values(QWEN3_0_6B, False, rope_scaling=QWEN3_YARN)
+    if newer:
+        raw = newer_layout(raw)
+        raw["rope_parameters"].update(QWEN3_YARN, type="yarn")
+    config = ModelConfig.from_dict(raw)
+    assert (config.yarn.factor, config.yarn.original_max_positions, config.yarn.beta_fast, config.yarn.beta_slow,
+            config.yarn.truncate) == (4.0, 32768, 32.0, 1.0, True)
+    assert config.yarn.attention_factor == pytest.approx(0.1 * math.log(4.0) + 1, rel=1e-15)
+    assert config.max_positions == 131072 and config.rope_theta == 1e6
 
 
 # Every key the loader reads, at a value no fallback gives: head_dim differs from hidden / heads,
