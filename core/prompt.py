@@ -76,7 +76,7 @@ def check_ids(ids: list[int], max_new: int, *, vocab: int, capacity: int, draft:
         raise UsageError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
     need = len(ids) + max_new + draft
     if need > capacity:
-        limit = "the model's max_position_embeddings" if capacity == max_positions else "kv_capacity"
+        limit = "the model's context" if capacity == max_positions else "kv_capacity"
         raise UsageError(f"the prompt ({len(ids)} tokens) + max_new_tokens ({max_new})"
                          + (f" + spec_k ({draft})" if draft else "")
                          + f" needs {need} positions, more than {limit} ({capacity})")

@@ -74,7 +74,7 @@ class DraftModelProposer(CheckpointProposer):
         self.capacity = min(-(-target_positions // page) * page, mc.max_positions)
         if config.spec_k + 1 > self.capacity:
             raise ConfigError(f"spec_k={config.spec_k} needs {config.spec_k + 1} positions of the draft's context, "
-                              f"but {self.folder} holds {self.capacity} (max_position_embeddings {mc.max_positions}): "
+                              f"but {self.folder} holds {self.capacity} (its context is {mc.max_positions}): "
                               f"lower spec_k")
         if self.capacity < target_positions:
             from tileinfer.notices import notice

@@ -157,7 +157,7 @@ def test_prompt_longer_than_the_kv_capacity(engine):
 def test_prompt_longer_than_the_model_positions(checkpoint_factory):
     folder = checkpoint_factory(max_positions=48)
     engine = engine_for(folder)
-    with pytest.raises(UsageError, match=r"more than the model's max_position_embeddings \(48\)"):
+    with pytest.raises(UsageError, match=r"more than the model's context \(48\)"):
         engine.generate(list(range(40)), max_new_tokens=10)
 
 
