@@ -13,13 +13,14 @@ the next step is enqueued (eager) or after it (one step behind: the device never
 host). A step enqueued after the one that stops the generation (at an EOS) is discarded: its
 record is never read, its tokens never emitted. At the stop (or when the stream is closed) the KV
 store is cut to the prompt and the emitted tokens that were fed to a step, and those ids are kept
-(``tileinfer.prefix_cache``): the next prompt that starts with them prefills only the rest, unless
-the proposer keeps state of the prompt's prefill (``Proposer.reuses_prefix`` false: cold prefill).
+(``tileinfer.prefix_cache``): the next prompt that starts with them prefills only the rest. A
+generation that drafts is first offered those positions by ``Proposer.begin``, which keeps as many
+as its own state of the prompt serves (none for a proposer that does not know about reuse): the
+target prefills from there and ``prompt_chunk`` gets the chunks from there.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -108,10 +109,6 @@ class Decoder:
         self.draft_length = DraftLength(plan.spec_k, plan.adaptive)
         self.counters = DecodeCounters()
         self.prefix = PrefixCache(steps.kv, prefix_cache)
-        self.reuses_prefix = plan.proposer is None or plan.proposer.reuses_prefix
-        if prefix_cache and not self.reuses_prefix:
-            logging.getLogger(__name__).debug("prefix_cache: %s keeps state of the prompt's prefill; every prompt "
-                                              "prefills cold", type(plan.proposer).__name__)
         self.choice = Choice(plan.strategy, plan.ahead)
         self.sampling = SamplingStep(sampler, [], 0)
         self.logprobs: list[TokenLogprob] = []  # of the tokens yielded last, when asked for
@@ -126,13 +123,29 @@ class Decoder:
         self.counters = DecodeCounters()
         self.draft_length.reset()
         self.sampler.generator.manual_seed(self.sampler.params.seed)
-        self.counters.cached = self.prefix.start(ids, self.reuses_prefix)
         self.sampling = SamplingStep(self.sampler, ids, len(ids) + max_new + self.plan.spec_k + 2, logprobs)
         self.logprobs = []
         self.choice = self.plan.choose(self.sampler, len(ids), max_new, logprobs, self.kv.capacity)
         self.counters.loop = self.choice.loop
-        return self._decode(list(ids), max_new, frozenset(eos), self.strategies[self.choice.strategy],
-                            2 if self.choice.ahead else 1)
+        strategy = self.strategies[self.choice.strategy]
+        self.counters.cached = self._begin(strategy, ids)
+        return self._decode(list(ids), max_new, frozenset(eos), strategy, 2 if self.choice.ahead else 1)
+
+    def _begin(self, strategy: Strategy, ids: Sequence[int]) -> int:
+        """Cut the store to the prompt positions this generation keeps and return their number: the
+        prefix cache's (``PrefixCache.start``), as many of them as the strategy's proposer keeps
+        (``Proposer.begin``)."""
+        cached = self.prefix.start(ids)
+        proposer = strategy.proposer
+        if proposer is None:
+            return cached
+        kept = proposer.begin(list(ids), cached)
+        if not isinstance(kept, int) or not 0 <= kept <= cached:
+            raise PluginError(f"{type(proposer).__name__}.begin(ids, {cached}) returned {kept!r}, not a number of "
+                              f"kept positions from 0 to {cached}")
+        if kept < cached:
+            self.kv.truncate(kept)
+        return kept
 
     def _decode(self, ids: list[int], max_new: int, eos: frozenset[int], strategy: Strategy,
                 depth: int) -> Iterator[list[int]]:

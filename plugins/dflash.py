@@ -18,6 +18,11 @@ marginals, a valid but less coherent proposal). The block's keys and values are 
 so the store holds the context of committed positions only: what the target rejects never
 reaches it (the hidden states ``accept`` gets are those of the kept positions).
 
+Prefix reuse (``Proposer.begin``): it records the ids of the positions whose context it holds (the
+context of a position is the target's hidden states there, set by the ids up to it) and keeps the
+positions the target kept that it holds for the same ids, the target prefilling from there; the
+new chunks' context extends it.
+
 Its block step runs through a ForwardPass over the drafter (config key ``forward``, as the
 target's steps). On a GPU with ``cuda_graphs`` both steps are replayed from CUDA graphs captured
 when it is built (plugins/dflash_steps.py: the block step, and the context step of each row
@@ -31,7 +36,8 @@ length; after the verify step the context step over all its ``k + 1`` rows. Noth
 there: the rows the target rejected, and the block's keys and values, lie at or after the next
 block's first position, which rewrites them before any query reads them (every attention reads
 keys up to its queries' positions only), so each block sees the context of exactly the committed
-positions, as in sequential decoding.
+positions, as in sequential decoding. The loop writes from the prompt's end on: the host's record keeps the
+prompt's context for a later generation.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from tileinfer.hookspecs import Implementation
 from tileinfer.interfaces import DeviceSequence, Draft, ProposerContext
 from tileinfer.plugins.dflash_checkpoint import DFlashConfig
 from tileinfer.plugins.proposer_folders import CheckpointProposer, ProposerCheckpoint
+from tileinfer.prefix_cache import common_prefix
 from tileinfer.steps import MAX_GRAPH_TOKENS, build_forward, cuda_graph_capture
 
 
@@ -102,7 +109,7 @@ class DFlashProposer(CheckpointProposer):
                                  capture=cuda_graph_capture if graphs else None)
         with torch.inference_mode():
             self.steps.capture_graphs(range(1, config.spec_k + 2))
-        self._absorbed = 0  # positions whose context the KV store holds
+        self._ids: list[int] = []  # the ids of the positions whose context the KV store holds
 
     def _target_head(self) -> torch.Tensor:
         """An untied target's lm_head weight, read again from its checkpoint (a Linear may keep its
@@ -114,13 +121,25 @@ class DFlashProposer(CheckpointProposer):
 
     # -- the Proposer interface -----------------------------------------------------------------
 
+    @property
+    def _absorbed(self) -> int:
+        """The positions whose context the KV store holds."""
+        return len(self._ids)
+
+    def begin(self, ids: list[int], cached: int) -> int:
+        """Keep the cached positions whose context it holds for the same ids (its store cut to them)."""
+        keep = common_prefix(self._ids, ids[:cached])
+        self.kv.truncate(min(keep, self.kv.length))
+        del self._ids[keep:]
+        return keep
+
     @torch.inference_mode()
     def prompt_chunk(self, tokens: list[int], start: int, hidden: dict[int, torch.Tensor]) -> None:
         """A chunk of the prompt: its hidden states are context to cache (``start == 0``: a new generation)."""
         if start == 0:
             self.kv.reset()
-            self._absorbed = 0
-        self._take(start, hidden)
+            self._ids = []
+        self._take(tokens, start, hidden)
 
     @torch.inference_mode()
     def start(self, tokens: list[int], hidden: dict[int, torch.Tensor] | None = None) -> None:
@@ -149,16 +168,17 @@ class DFlashProposer(CheckpointProposer):
     def accept(self, tokens: list[int], num_accepted: int, hidden: dict[int, torch.Tensor]) -> None:
         """The kept positions' hidden states become context for the next pass."""
         rows = next(iter(hidden.values())).shape[0] if hidden else 0
-        self._take(len(tokens) - 1 - rows, hidden)
+        start = len(tokens) - 1 - rows
+        self._take(tokens[start:start + rows], start, hidden)
 
-    def _take(self, start: int, hidden: dict[int, torch.Tensor]) -> None:
-        """Cache the context of positions ``start ..`` (``hidden``: their hidden states) if they
-        follow the cached ones and a block still fits after them."""
+    def _take(self, ids: list[int], start: int, hidden: dict[int, torch.Tensor]) -> None:
+        """Cache the context of positions ``start ..`` (``ids`` there; ``hidden``: their hidden
+        states) if they follow the cached ones and a block still fits after them."""
         rows = next(iter(hidden.values())).shape[0] if hidden else 0
         if rows and start == self._absorbed and start + rows + self.block_size <= self.capacity:
             self.kv.reserve(start + rows)
             self.steps.context(hidden, start)
-            self._absorbed = start + rows
+            self._ids += ids[:rows]
 
     # -- device drafting (the device-resident speculative loop) ----------------------------------
 
@@ -169,7 +189,9 @@ class DFlashProposer(CheckpointProposer):
 
     def start_on_device(self, seq: DeviceSequence, positions: int) -> None:
         """The prompt's context is cached (``prompt_chunk``); reserve the pages of every position
-        the loop's blocks can reach."""
+        the loop's blocks can reach. The loop writes from the prompt's end on: the host's record
+        keeps the prompt's positions only."""
+        del self._ids[seq.prompt_len:]
         self.kv.reserve(min(positions + self.block_size, self.capacity))
 
     def draft_on_device(self, seq: DeviceSequence, k: int) -> torch.Tensor:

@@ -15,6 +15,10 @@ under the target's sampling settings (``greedy=false``: ``Draft.probs`` is q, fo
 After the verify step it forgets the drafts the target rejected (``KVStore.truncate``): its cache
 always holds a prefix of the committed sequence.
 
+Prefix reuse (``Proposer.begin``): it keeps the positions the target kept that its cache holds for
+the same ids (it may lag the target by the tokens it had not caught up on, or stop at its own
+context), the target prefilling from there; its prefill continues from there too.
+
 Every step runs through its own ForwardPass (config key ``forward``, as the target's). On a GPU
 with ``cuda_graphs`` its steps of up to 16 tokens (the catch-up and each drafted token) are
 replayed from CUDA graphs captured when it is built, as the target's are
@@ -27,6 +31,8 @@ loop's step with no host state: a catch-up step of 2 tokens, the sequence's last
 token, each argmax fed to the next on the device; its ForwardPass called directly with the
 positions on the device (``Step.max_context``), inside the loop's graph. Its KV store is reserved for the
 whole generation when the loop starts; the drafts the target rejects lie past the next catch-up.
+The loop's steps write from position ``L - 2 >= prompt - 1`` on: the host keeps the record of the
+prompt less its last token as the cache a later generation may reuse.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from tileinfer.errors import ConfigError, TileinferError
 from tileinfer.hookspecs import Implementation
 from tileinfer.interfaces import DeviceSequence, Draft, ProposerContext, Step
 from tileinfer.plugins.proposer_folders import CheckpointProposer, ProposerCheckpoint
+from tileinfer.prefix_cache import common_prefix
 from tileinfer.steps import MAX_GRAPH_TOKENS, StepRunner, build_forward, cuda_graph_capture
 
 
@@ -104,6 +111,13 @@ class DraftModelProposer(CheckpointProposer):
                               "differs): a draft model needs the target's vocabulary")
 
     # -- the Proposer interface -----------------------------------------------------------------
+
+    def begin(self, ids: list[int], cached: int) -> int:
+        """Keep the cached positions whose ids the draft's cache holds too (its cache cut to them)."""
+        keep = common_prefix(self._cached, ids[:cached])
+        self.kv.truncate(keep)
+        self._cached, self._committed, self._next = self._cached[:keep], 0, None
+        return keep
 
     @torch.inference_mode()
     def prompt_chunk(self, tokens: list[int], start: int, hidden: dict[int, torch.Tensor]) -> None:
@@ -182,9 +196,10 @@ class DraftModelProposer(CheckpointProposer):
         return positions <= self.capacity
 
     def start_on_device(self, seq: DeviceSequence, positions: int) -> None:
-        """The prompt is cached (``prompt_chunk``; nothing else is needed); the host-side record of
-        the cache is dropped, as the loop's steps do not keep it."""
-        self._cached, self._committed, self._next = [], 0, None
+        """The prompt is cached (``prompt_chunk``; nothing else is needed). The host-side record of
+        the cache keeps the prompt less its last token only (the loop's steps write from there on
+        and do not keep it)."""
+        self._cached, self._committed, self._next = self._cached[:max(seq.prompt_len - 1, 0)], 0, None
         self.kv.reserve(positions)
 
     def draft_on_device(self, seq: DeviceSequence, k: int) -> torch.Tensor:

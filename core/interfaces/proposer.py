@@ -74,14 +74,15 @@ class ProposerContext:
 class Proposer(Pluggable, ABC):
     """Proposes drafts given the sequence so far, and is told what the target accepted.
 
-    A generation calls, in order: ``prompt_chunk`` once per prefill chunk of the prompt (the
-    engine prefills in steps of at most ``prefill_chunk`` tokens), ``start`` once the first token
-    is sampled, then ``propose`` and ``accept`` once per verify step.
+    A generation calls, in order: ``begin`` before the prefill, ``prompt_chunk`` once per prefill
+    chunk of the prompt (the engine prefills in steps of at most ``prefill_chunk`` tokens, from the
+    positions ``begin`` kept), ``start`` once the first token is sampled, then ``propose`` and
+    ``accept`` once per verify step.
 
     Device drafting (optional; the default is unsupported): a proposer whose ``device_drafting``
     is true serves the device-resident loop (``tileinfer.device_speculation``), which replays
     draft, verify and accept from one CUDA graph per draft length. Such a generation calls
-    ``prompt_chunk`` per chunk, ``start_on_device`` once, then ``draft_on_device`` and
+    ``begin``, ``prompt_chunk`` per chunk, ``start_on_device`` once, then ``draft_on_device`` and
     ``accept_on_device`` once per step, captured: they must be device work only (no host sync, no
     shape that depends on a value, state in device tensors updated in place), since Python code in
     them runs once, at the capture. ``propose``, ``accept`` and ``start`` are not called then.
@@ -90,11 +91,15 @@ class Proposer(Pluggable, ABC):
     before the final norm) the proposer wants: the engine then hands them to ``prompt_chunk`` (the
     chunk's prompt positions) and ``accept`` (the verify step's positions).
 
-    Set ``reuses_prefix`` when the proposer keeps nothing of ``prompt_chunk`` (it reads the whole
-    sequence in ``start``/``propose``, or ``seq`` on the device): a prompt that starts with what the
-    previous generation left in the target's KV store is then prefilled from there only, and
-    ``prompt_chunk`` sees the chunks from that position (``tileinfer.prefix_cache``). False (the
-    default): every prompt of such an engine prefills from position 0.
+    Prefix reuse (``tileinfer.prefix_cache``): the target may keep the first positions of a prompt
+    from the previous generation (the same tokens there). ``begin`` says how many of them the
+    proposer keeps too: its state of the prompt (a KV cache of its own, context from hidden states)
+    must then hold exactly what a cold prefill of those positions gives it, since ``prompt_chunk``
+    gets the prompt from there only. Every proposer is asked, as only it knows what its state holds
+    (it may lag the target, stop at a shorter context, or have been written by the device loop).
+    The default ``begin`` keeps them all when ``reuses_prefix`` is set (a proposer that keeps
+    nothing of ``prompt_chunk``: it reads the whole sequence in ``start``/``propose``, or ``seq`` on
+    the device) and none otherwise, so a proposer that does not know about reuse prefills cold.
     """
 
     hidden_layers: tuple[int, ...] = ()
@@ -104,12 +109,21 @@ class Proposer(Pluggable, ABC):
         self.context = context
         self._take_options(context.options)
 
+    def begin(self, ids: list[int], cached: int) -> int:
+        """A generation of the prompt ``ids`` begins (before its prefill): the target's KV store
+        holds ``ids[:cached]`` (``0 <= cached < len(ids)``), left by the previous generation.
+        Returns how many of those positions to keep (``0 .. cached``); the target prefills the
+        prompt from there and ``prompt_chunk`` gets the chunks from there, so the proposer's state
+        of the positions before it must be what a cold prefill of ``ids`` leaves. Default:
+        ``cached`` when ``reuses_prefix``, else 0 (a cold prefill)."""
+        return cached if self.reuses_prefix else 0
+
     def prompt_chunk(self, tokens: list[int], start: int, hidden: dict[int, torch.Tensor]) -> None:
         """The target prefilled one chunk of the prompt: ``tokens`` are the prompt's ids at positions
         ``start .. start + len(tokens) - 1``, ``hidden`` the target's hidden states there
         (``[len(tokens), hidden]`` per layer of ``hidden_layers``; valid during the call only: copy
-        what is kept). Called for consecutive chunks in order; ``start == 0`` begins a new
-        generation (forget the previous one)."""
+        what is kept). Called for consecutive chunks in order, the first at the position ``begin``
+        kept; ``start == 0`` begins a new generation (forget the previous one)."""
 
     def start(self, tokens: list[int]) -> None:
         """The prompt is prefilled (every chunk was given to ``prompt_chunk``): ``tokens`` is the
