@@ -150,7 +150,7 @@ def no_loading(monkeypatch):
     (["--prompt-ids", "-1"], ["token id -1"]),
     (["--prompt-ids", str(2**70)], ["vocabulary"]),
     (["--prompt-ids", ",".join(["5"] * 500), "--max-new-tokens", "20"], ["520 positions"]),
-    (["--prompt", "hi", "--max-new-tokens", "600"], ["positions", "max_position_embeddings"]),
+    (["--prompt", "hi", "--max-new-tokens", "600"], ["positions", "the model's context"]),
     (["--prompt-ids", "1,2", "--max-new-tokens", "10", "kv_capacity=8"], ["kv_capacity (8)"]),
     (["--prompt-ids", "1,2", "--chat"], ["--chat"]),
 ])
