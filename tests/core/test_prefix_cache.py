@@ -161,8 +161,30 @@ def test_every_proposer_reuses_the_prefix_exactly(checkpoint_factory, tiny_check
         keys["options.draft.model"] = str(checkpoint_factory(seed=9))
     if proposer == "dflash":
         keys["options.dflash.model"] = str(make_dflash(tmp_path / "dflash", **DFLASH))
-    check_reuse(reference(tiny_checkpoint, **keys), reference(tiny_checkpoint, prefix_cache="false", **keys),
-                repetitive_prompt()[:30], lag=2 if proposer == "draft" else 0)
+    warm, cold = reference(tiny_checkpoint, **keys), reference(tiny_checkpoint, prefix_cache="false", **keys)
+    check_reuse(warm, cold, repetitive_prompt()[:30], lag=2 if proposer == "draft" else 0)
+    if proposer == "draft":  # the kept positions are not run through the draft model again
+        fed = {e: draft_tokens_run(e) for e in (warm, cold)}
+        ids = repetitive_prompt()[:30]
+        warm.generate(ids[:24], max_new_tokens=NEW)
+        for log in fed.values():
+            log.clear()
+        got = warm.generate(ids, max_new_tokens=NEW)
+        cold.generate(ids, max_new_tokens=NEW)
+        assert got.stats.cached_tokens > 0 and sum(fed[warm]) == sum(fed[cold]) - got.stats.cached_tokens
+
+
+def draft_tokens_run(engine) -> list[int]:
+    """The token counts of the draft model's forward passes from now on, appended to the list returned."""
+    log: list[int] = []
+    forward = engine.proposer.forward
+
+    def counted(ids, *args, **kw):
+        log.append(ids.numel())
+        return forward(ids, *args, **kw)
+
+    engine.proposer.forward = counted
+    return log
 
 
 @pytest.mark.gpu
