@@ -188,13 +188,17 @@ def draft_tokens_run(engine) -> list[int]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("keys", [{}, {"proposer": "ngram", "spec_k": 3}], ids=["plain", "ngram-device-loop"])
-def test_the_default_gpu_path_reuses_a_prefix_exactly(tiny_checkpoint, keys):
-    """The default config on a GPU (CUDA graphs, the pipelined loop; with ngram the device-resident
-    loop), float32 so that the reused and the cold step shapes round alike: every case of
-    :func:`cases` gives the cold engine's tokens and counts its reuse."""
+@pytest.mark.parametrize("proposer", ["none", "ngram", "draft"])
+def test_the_default_gpu_path_reuses_a_prefix_exactly(checkpoint_factory, tiny_checkpoint, proposer):
+    """The default config on a GPU (CUDA graphs, the pipelined loop; with a proposer the
+    device-resident loop), float32 so that the reused and the cold step shapes round alike: every
+    case of :func:`cases` gives the cold engine's tokens and drafts and counts its reuse."""
+    keys = {} if proposer == "none" else {"proposer": proposer, "spec_k": 3}
+    if proposer == "draft":
+        keys["options"] = {"draft": {"model": str(checkpoint_factory(seed=9))}}
+
     def engine(**more) -> tileinfer.Engine:
         return tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cuda", dtype="float32",
                                             progress=False, **keys, **more)
 
-    check_reuse(engine(), engine(prefix_cache=False), repetitive_prompt()[:30])
+    check_reuse(engine(), engine(prefix_cache=False), repetitive_prompt()[:30], lag=2 if proposer == "draft" else 0)
