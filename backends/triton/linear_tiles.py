@@ -68,8 +68,8 @@ class GemmConfig:
         # the split tail's epilogue branches; Triton 3.6 fails to flatten a loop with an if in it
         assert not (self.flatten and self.split_rows), f"flatten and split_rows exclude each other: {self}"
         # On an H200 (Triton 3.6) the transposed split tail gives wrong sums (fused and per-op forms 1.2
-        # apart at the Qwen3 shapes), where the interpreter agrees with the twin (docs/performance-log.md,
-        # 2026-12-01 session 9).
+        # apart at the Qwen3 shapes) where the interpreter agrees with the twin; the measurement is in
+        # docs/performance-log.md.
         assert not (self.swap_ab and self.split_rows), f"swap_ab and split_rows exclude each other: {self}"
 
 
