@@ -35,6 +35,8 @@ class PersistentForward(ForwardPass):
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
                "multiprocessor", minimum=0),
+        Option("prefetch", int, 8, "GEMV weight chunks a program asks the L2 cache for ahead of the one it reads, "
+               "the next item's first chunks while it waits (sm_90 and later; 0: none)", minimum=0),
     )
 
     @classmethod
@@ -126,6 +128,7 @@ class PersistentForward(ForwardPass):
             table = layer_pointer_table(rows, m.device)
             bufs = StepBuffers.allocate(self.shape, m.dtype, m.device, captures=len(m.layers))
             self._bound = (kv, table, bufs)
+            self._prefetch = self._prefetch_distance()
             self._plans.clear()
         return self._bound[1], self._bound[2]
 
@@ -173,10 +176,23 @@ class PersistentForward(ForwardPass):
         scales = (0, 0) if kv_pages.k_scale is None else tuple(kv_pages.k_scale.stride()[:2])
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
-                      max_registers=self.options["max_registers"])
+                      max_registers=self.options["max_registers"], prefetch=0 if dot_f32 else self._prefetch)
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)
+
+    def _prefetch_distance(self) -> int:
+        """The prefetch distance, 0 where the device has no bulk L2 prefetch (before sm_90) or a weight
+        row's bytes or address is not a multiple of 16."""
+        s, m = self.shape, self.model
+        elems = {m.layers[0].qkv.weight.element_size(), m.lm_head.weight.element_size()}
+        rows = (s.hidden, s.heads * s.head_dim, s.intermediate)
+        weights = [t.data_ptr() for layer in m.layers for t in (layer.qkv.weight, layer.o_proj.weight,
+                                                                layer.gate_up.weight, layer.down.weight)]
+        aligned = all(k * e % 16 == 0 for k in rows for e in elems) and all(
+            a % 16 == 0 for a in weights + [m.lm_head.weight.data_ptr()])
+        hopper = m.device.type == "cuda" and torch.cuda.get_device_capability(m.device)[0] >= 9
+        return self.options["prefetch"] if aligned and hopper else 0
 
     def _grid(self, args: tuple, launch: dict) -> int:
         """Programs of the grid: ``programs_per_sm`` per multiprocessor, fewer where fewer fit."""

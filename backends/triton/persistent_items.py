@@ -56,6 +56,26 @@ def signal(counter_ptr):
 
 
 @triton.jit
+def prefetch_l2(addr, nbytes):
+    """Ask the L2 cache to fetch ``nbytes`` (int32, a multiple of 16; 0 for nothing) at each 16-byte
+    aligned address of the int64 tensor ``addr``, without waiting (sm_90's bulk prefetch: the bytes
+    stream in from HBM while the program goes on)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_rows(row_addr, row_ok, start, K, BYTES: tl.constexpr, ELEM: tl.constexpr):
+    """The L2 prefetch of columns ``start .. start + BYTES // ELEM`` (clipped at ``K``) of the weight
+    rows whose first bytes are at ``row_addr`` (int64 ``[R]``; ``ELEM`` bytes an element) where
+    ``row_ok``."""
+    left = (K - start) * ELEM
+    nbytes = tl.where(row_ok & (left > 0), tl.minimum(left, BYTES), 0)
+    prefetch_l2(row_addr + start * ELEM, nbytes.to(tl.int32))
+
+
+@triton.jit
 def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
     """``rsqrt(mean(x^2) + eps)`` of the 16 rows at ``x_ptr`` (``[16, K]`` contiguous), summed in
     BLOCK_K chunks: ``[16, 1]`` float32."""
@@ -80,14 +100,16 @@ def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
 def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, wait_ptr, wait_target,
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
     SWIGLU: rows ``n`` (gate) and ``UP_ROWS + n`` (up), each accumulator rounded to y's dtype,
     then ``silu(g) * u``. RESIDUAL: ``y = round(y + y_old)`` (in place: the residual stream).
     ``capture >= 0``: the result also at ``cap_ptr``. Waits for ``wait_ptr`` to reach
-    ``wait_target`` after its first weight loads."""
+    ``wait_target`` after its first weight loads. PREFETCH > 0: the chunk ``PREFETCH`` chunks
+    ahead of the one in the loop is prefetched into the L2 (the first ``PREFETCH`` chunks are the
+    item before's to prefetch: :func:`prefetch_rows`)."""
     act_ty = x_ptr.dtype.element_ty
     offs_t = tl.arange(0, BLOCK_T)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -98,6 +120,9 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
     if SWIGLU:
         wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
+    if PREFETCH > 0:
+        elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        row_addr = (w_ptr + offs_n.to(tl.int64) * K).to(tl.int64)
     wait_for(wait_ptr, wait_target)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
@@ -109,6 +134,10 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
         if NORM:
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
+        if PREFETCH > 0:
+            prefetch_rows(row_addr, n_ok, k0 + PREFETCH * BLOCK_K, K, BLOCK_K * elem, elem)
+            if SWIGLU:
+                prefetch_rows(row_addr + UP_ROWS * K * elem, n_ok, k0 + PREFETCH * BLOCK_K, K, BLOCK_K * elem, elem)
         next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
         acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
         wg = next_g
