@@ -35,6 +35,8 @@ class PersistentForward(ForwardPass):
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
                "multiprocessor", minimum=0),
+        Option("stages", int, 1, "GEMV weight chunks in flight per program: 1, the next chunk in registers; more, "
+               "the compiler's software pipeline through shared memory", minimum=1),
         Option("prefetch", int, 8, "GEMV weight chunks a program asks the L2 cache for ahead of the one it reads, "
                "the next item's first chunks while it waits (sm_90 and later; 0: none)", minimum=0),
     )
@@ -176,7 +178,8 @@ class PersistentForward(ForwardPass):
         scales = (0, 0) if kv_pages.k_scale is None else tuple(kv_pages.k_scale.stride()[:2])
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
-                      max_registers=self.options["max_registers"], prefetch=0 if dot_f32 else self._prefetch)
+                      max_registers=self.options["max_registers"], prefetch=0 if dot_f32 else self._prefetch,
+                      stages=self.options["stages"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

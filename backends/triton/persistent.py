@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from tileinfer.backends.triton.persistent_items import (attention_inputs_item, attention_item, gemv_item,
-                                                        prefetch_l2, signal, wait_for)
+                                                        prefetch_tile, signal, wait_for)
 from tileinfer.backends.triton import persistent_plan as plan_
 from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape
 
@@ -87,13 +87,13 @@ def _prefetch_head(items_ptr, i, n_items, layer_ptrs, lm_w_ptr, w_example_ptr, H
         w_elem: tl.constexpr = w_example_ptr.dtype.element_ty.primitive_bitwidth // 8
         lm_elem: tl.constexpr = lm_w_ptr.dtype.element_ty.primitive_bitwidth // 8
         elem = tl.where(is_lm, lm_elem, w_elem)
-        r = tl.arange(0, ROWS)
-        rows = index * bn + r
-        ok = has_w & (r < bn) & (rows < n)
-        row_addr = base + rows.to(tl.int64) * k * elem
-        nbytes = (tl.minimum(PREFETCH * BLOCK_K, k) * elem).to(tl.int32)  # clipped at the row's end
-        prefetch_l2(row_addr, tl.where(ok, nbytes, 0))
-        prefetch_l2(row_addr + INTER * k * elem, tl.where(ok & (kind == GATE_UP), nbytes, 0))
+        rows = tl.where(has_w, tl.minimum(n - index * bn, bn), 0)
+        row_bytes = k * elem
+        first = base + (index * bn).to(tl.int64) * row_bytes
+        head = PREFETCH * BLOCK_K * elem
+        prefetch_tile(first, row_bytes, rows, 0, head, ROWS, 128 // ROWS)
+        prefetch_tile(first + INTER * row_bytes, row_bytes, tl.where(kind == GATE_UP, rows, 0), 0, head, ROWS,
+                      128 // ROWS)
 
 
 @triton.jit
@@ -109,7 +109,7 @@ def _persistent_step_kernel(
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
-    PF_ROWS: tl.constexpr,
+    PF_ROWS: tl.constexpr, STAGES: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -135,7 +135,7 @@ def _persistent_step_kernel(
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 0, w_ty), _ptr(layer_ptrs, layer, 1, tl.float32),
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
-                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32, PREFETCH)
+                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32, PREFETCH, STAGES)
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
@@ -159,23 +159,23 @@ def _persistent_step_kernel(
         elif kind == O_PROJ:
             gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, -1, index * BN_O, c + C_ATTN, HKV,
-                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32, PREFETCH)
+                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32, PREFETCH, STAGES)
             signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
-                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32, PREFETCH)
+                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32, PREFETCH, STAGES)
             signal(c + C_ATTN + 2)
         elif kind == DOWN:
             gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, capture, index * BN_DOWN, c + C_ATTN + 2, tl.cdiv(INTER, BN_GU),
-                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32, PREFETCH)
+                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32, PREFETCH, STAGES)
             signal(c + C_ATTN + 3)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
-                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32, PREFETCH)
+                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32, PREFETCH, STAGES)
     # The last program to get here zeroes every counter (the finished count too) for the next launch.
     tl.debug_barrier()
     if tl.atomic_add(counters_ptr + n_counters - 1, 1, sem="acq_rel", scope="gpu") == n_programs - 1:
@@ -189,7 +189,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            lm_w: torch.Tensor, lm_s: torch.Tensor | None, final_norm: torch.Tensor,
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
-                           num_warps: int = 4, max_registers: int = 0, prefetch: int = 0, warmup: bool = False):
+                           num_warps: int = 4, max_registers: int = 0, prefetch: int = 0, stages: int = 1,
+                           warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -202,7 +203,9 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
     its own choice (up to 255). ``prefetch``: GEMV chunks a program asks the L2 for ahead of the one it
     reads (sm_90 bulk prefetch; 0 for none; every weight row's bytes and address must be multiples of
-    16). ``warmup``: compile, do not run; returns the compiled kernel (for
+    16). ``stages``: 1, each GEMV chunk's successor loaded into registers before its dot (the first
+    before the item's wait); more, the compiler's software pipeline of that many stages through
+    shared memory. ``warmup``: compile, do not run; returns the compiled kernel (for
     :func:`resident_programs`)."""
     t = positions.numel()
     assert 1 <= t <= 16, f"the persistent step runs 1..16 tokens, got {t}"
@@ -219,7 +222,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
               BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
               BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
               DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
-              DOT_PRECISION="ieee", PREFETCH=prefetch, PF_ROWS=max(s.block_n), num_warps=num_warps, num_stages=1, maxnreg=max_registers or None)
+              DOT_PRECISION="ieee", PREFETCH=prefetch, PF_ROWS=max(s.block_n), STAGES=stages,
+              num_warps=num_warps, num_stages=1, maxnreg=max_registers or None, enable_fp_fusion=False)
     if warmup:
         return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)
     _persistent_step_kernel[(programs,)](*args, **kw)

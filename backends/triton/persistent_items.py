@@ -66,13 +66,18 @@ def prefetch_l2(addr, nbytes):
 
 
 @triton.jit
-def prefetch_rows(row_addr, row_ok, start, K, BYTES: tl.constexpr, ELEM: tl.constexpr):
-    """The L2 prefetch of columns ``start .. start + BYTES // ELEM`` (clipped at ``K``) of the weight
-    rows whose first bytes are at ``row_addr`` (int64 ``[R]``; ``ELEM`` bytes an element) where
-    ``row_ok``."""
-    left = (K - start) * ELEM
-    nbytes = tl.where(row_ok & (left > 0), tl.minimum(left, BYTES), 0)
-    prefetch_l2(row_addr + start * ELEM, nbytes.to(tl.int32))
+def prefetch_tile(base, row_bytes, rows, start, span, ROWS: tl.constexpr, SEGS: tl.constexpr):
+    """The L2 prefetch of bytes ``start .. start + span`` (clipped at ``row_bytes``) of each of the
+    ``rows`` rows (at most ROWS) of ``row_bytes`` bytes from the int64 address ``base``: a
+    ``[ROWS, SEGS]`` grid of pieces, ``ROWS * SEGS`` the threads of a 4-warp program, so that each
+    piece is asked for by one thread. Every size and address a multiple of 16."""
+    r = tl.arange(0, ROWS)[:, None]
+    seg = tl.arange(0, SEGS)[None, :]
+    span = tl.minimum(span, row_bytes - start)
+    piece = tl.cdiv(span, SEGS * 16) * 16
+    lo = seg * piece
+    nbytes = tl.where((r < rows) & (lo < span), tl.minimum(span - lo, piece), 0)
+    prefetch_l2(base + r.to(tl.int64) * row_bytes + start + lo, nbytes.to(tl.int32))
 
 
 @triton.jit
@@ -100,14 +105,16 @@ def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
 def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, wait_ptr, wait_target,
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
+              STAGES: tl.constexpr):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
     SWIGLU: rows ``n`` (gate) and ``UP_ROWS + n`` (up), each accumulator rounded to y's dtype,
     then ``silu(g) * u``. RESIDUAL: ``y = round(y + y_old)`` (in place: the residual stream).
     ``capture >= 0``: the result also at ``cap_ptr``. Waits for ``wait_ptr`` to reach
-    ``wait_target`` after its first weight loads. PREFETCH > 0: the chunk ``PREFETCH`` chunks
+    ``wait_target`` after its first weight loads (STAGES 1; STAGES > 1: the weight loads are the
+    compiler's pipeline of STAGES stages, all after the wait). PREFETCH > 0: the chunk ``PREFETCH`` chunks
     ahead of the one in the loop is prefetched into the L2 (the first ``PREFETCH`` chunks are the
     item before's to prefetch: :func:`prefetch_rows`)."""
     act_ty = x_ptr.dtype.element_ty
@@ -117,34 +124,44 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     row_ok = offs_t < T
     n_ok = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
-    wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
-    if SWIGLU:
-        wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
-    if PREFETCH > 0:
-        elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        row_addr = (w_ptr + offs_n.to(tl.int64) * K).to(tl.int64)
+    if STAGES == 1:  # the first chunk in registers before the wait
+        wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
+        if SWIGLU:
+            wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
+    elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    tile = (w_ptr + n0.to(tl.int64) * K).to(tl.int64)  # the first weight row's address
+    rows = tl.minimum(N - n0, BLOCK_N)
     wait_for(wait_ptr, wait_target)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         x = tl.load(x_ptr + offs_t[:, None] * K + k0 + offs_k[None, :],
                     mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
         if NORM:
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
         if PREFETCH > 0:
-            prefetch_rows(row_addr, n_ok, k0 + PREFETCH * BLOCK_K, K, BLOCK_K * elem, elem)
+            ahead = (k0 + PREFETCH * BLOCK_K) * elem
+            prefetch_tile(tile, K * elem, rows, ahead, BLOCK_K * elem, BLOCK_N, 128 // BLOCK_N)
             if SWIGLU:
-                prefetch_rows(row_addr + UP_ROWS * K * elem, n_ok, k0 + PREFETCH * BLOCK_K, K, BLOCK_K * elem, elem)
-        next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
-        acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
-        wg = next_g
-        if SWIGLU:
-            next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
-            acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
-            wu = next_u
+                prefetch_tile(tile + UP_ROWS * K * elem, K * elem, rows, ahead, BLOCK_K * elem, BLOCK_N,
+                              128 // BLOCK_N)
+        if STAGES > 1:  # the compiler's pipeline keeps STAGES - 1 chunks in flight
+            wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
+            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+            if SWIGLU:
+                wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
+                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+        else:  # each chunk's successor loaded before its dot
+            next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
+            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+            wg = next_g
+            if SWIGLU:
+                next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
+                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+                wu = next_u
     out_ty = y_ptr.dtype.element_ty
     if INT8:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
