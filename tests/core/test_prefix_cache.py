@@ -201,4 +201,5 @@ def test_the_default_gpu_path_reuses_a_prefix_exactly(checkpoint_factory, tiny_c
         return tileinfer.Engine.from_config(model=str(tiny_checkpoint), device="cuda", dtype="float32",
                                             progress=False, **keys, **more)
 
-    check_reuse(engine(), engine(prefix_cache=False), repetitive_prompt()[:30], lag=2 if proposer == "draft" else 0)
+    # the device loop's draft model has not yet fed the last verify's accepted drafts: up to spec_k behind
+    check_reuse(engine(), engine(prefix_cache=False), repetitive_prompt()[:30], lag=3 if proposer == "draft" else 0)
