@@ -80,6 +80,47 @@ def kernel_profile(engine: tileinfer.Engine, tokens: int, context: int, calls: i
     return dict(sorted(times.items(), key=lambda item: -item[1]))
 
 
+def timeline_summary(items: torch.Tensor, timeline: torch.Tensor) -> dict:
+    """Where the persistent step's time goes, from its timeline (``options.persistent.timeline``:
+    each item's program, start, end in ns). A stage is a run of items of one kind and layer; each
+    stage's producer is the stage before it. Per kind: ``critical_us``, the step's time between the
+    end of the producer stages and the end of this kind's stages, summed over layers (the kinds'
+    figures add up to the step); ``item_us``, the mean item from its start to its end (its wait
+    included); ``work_us``, from the later of its start and its producer's end to its end."""
+    from tileinfer.backends.triton.persistent_plan import KIND_NAMES
+
+    kind, layer = items[:, 0].tolist(), items[:, 1].tolist()
+    program, start, end = (timeline[:, j].tolist() for j in range(3))
+    t0 = min(start)
+    kinds: dict[str, dict[str, float]] = {}
+    stage_end, i = t0, 0
+    while i < len(kind):
+        j = i
+        while j < len(kind) and (kind[j], layer[j]) == (kind[i], layer[i]):
+            j += 1
+        end_of_stage = max(end[i:j])
+        k = kinds.setdefault(KIND_NAMES[kind[i]], {"items": 0, "critical_us": 0.0, "item_us": 0.0, "work_us": 0.0})
+        k["items"] += j - i
+        k["critical_us"] += (end_of_stage - stage_end) / 1e3
+        k["item_us"] += sum(end[x] - start[x] for x in range(i, j)) / 1e3
+        k["work_us"] += sum(end[x] - max(start[x], stage_end) for x in range(i, j)) / 1e3
+        stage_end, i = end_of_stage, j
+    for k in kinds.values():
+        k["item_us"] /= k["items"]
+        k["work_us"] /= k["items"]
+    span = max(end) - t0
+    busy = sum(e - s for s, e in zip(start, end)) / ((max(program) + 1) * span)
+    return {"span_us": span / 1e3, "busy_fraction": busy, "kinds": kinds}
+
+
+def print_timeline(summary: dict) -> None:
+    print(f"  timeline: {summary['span_us']:.1f} us, programs busy (in an item, waits included) "
+          f"{summary['busy_fraction']:.0%}")
+    for name, k in summary["kinds"].items():
+        print(f"    {name:<12} {k['items']:6d} items  critical {k['critical_us']:8.1f} us  item {k['item_us']:6.2f} us"
+              f"  after its producer {k['work_us']:6.2f} us")
+
+
 def device_loop(engine, k: int):
     """The engine's device-resident loop, or one built as the engine builds it (over the same
     forward pass), drafting ``k`` tokens a step."""
@@ -178,11 +219,16 @@ def main(args) -> int:
                             step1.setdefault(n, ms)
                         roof = decode_step_bytes(mc, n, **layout) / (limits["copy_bandwidth_tb_s"] * 1e12) * 1e3
                         profile = {"kernels_us": kernel_profile(engine, t, n)} if args.profile and GPU else {}
+                        forward = engine.decoder.steps.forward_pass
+                        if getattr(forward, "timeline", None) is not None:
+                            profile["timeline"] = timeline_summary(forward.timeline_items, forward.timeline)
                         run.add("step", shape=shape, variant=variant, tokens=t, context=n, value=ms, unit="ms",
                                 ratio_to_step1=ms / base if base else None, roofline_ms=roof,
                                 roofline_fraction=roof / ms, **profile, **limits)
                         print(f"{shape:11} {variant:10} T={t:2} N={n:6} {ms:8.3f} ms  roofline {roof:.3f} ms",
                               flush=True)
+                        if "timeline" in profile:
+                            print_timeline(profile["timeline"])
             finally:
                 runner.close()
         for name, k in args.loop:

@@ -37,7 +37,11 @@ class PersistentForward(ForwardPass):
                "multiprocessor", minimum=0),
         Option("stages", int, 1, "GEMV weight chunks in flight per program: 1, the next chunk in registers; more, "
                "the compiler's software pipeline through shared memory", minimum=1),
-        Option("prefetch", int, 8, "GEMV weight chunks a program asks the L2 cache for ahead of the one it reads, "
+        Option("wait", str, "atomic", "how an item spins on the counter of its inputs: atomic reads or acquire "
+               "loads", choices=("atomic", "load")),
+        Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
+               "in the forward pass's ``timeline``, its items in ``timeline_items``"),
+        Option("prefetch", int, 0, "GEMV weight chunks a program asks the L2 cache for ahead of the one it reads, "
                "the next item's first chunks while it waits (sm_90 and later; 0: none)", minimum=0),
     )
 
@@ -67,6 +71,8 @@ class PersistentForward(ForwardPass):
         self._bound: tuple[KVStore, torch.Tensor, StepBuffers] | None = None
         self._plans: dict[tuple[bool, tuple[int, ...]], StepPlan] = {}
         self._programs = 0
+        self.timeline: torch.Tensor | None = None
+        self.timeline_items: torch.Tensor | None = None
         self.reason = self._model_reason(model)
         if self.reason is None:
             self.shape = self._shape(model)
@@ -179,10 +185,20 @@ class PersistentForward(ForwardPass):
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], prefetch=0 if dot_f32 else self._prefetch,
-                      stages=self.options["stages"])
+                      stages=self.options["stages"], timeline=self._timeline(plan),
+                      wait_load=self.options["wait"] == "load" and not dot_f32)
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)
+
+    def _timeline(self, plan: StepPlan) -> torch.Tensor | None:
+        """The timeline buffer of ``plan``'s items where ``options.timeline`` (not under the interpreter)."""
+        if not self.options["timeline"] or interpreted(self.model.device):
+            return None
+        if self.timeline_items is not plan.items:
+            self.timeline_items = plan.items
+            self.timeline = torch.zeros(plan.items.shape[0], 3, dtype=torch.int64, device=self.model.device)
+        return self.timeline
 
     def _prefetch_distance(self) -> int:
         """The prefetch distance, 0 where the device has no bulk L2 prefetch (before sm_90) or a weight

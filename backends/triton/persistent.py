@@ -64,6 +64,12 @@ def _kv(layer_ptrs, layer, act_ty: tl.constexpr, KV_INT8: tl.constexpr):
 
 
 @triton.jit
+def _now():
+    """The GPU's global timer (ns), comparable across multiprocessors."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
 def _prefetch_head(items_ptr, i, n_items, layer_ptrs, lm_w_ptr, w_example_ptr, HIDDEN: tl.constexpr,
                    H: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr, VOCAB: tl.constexpr, NQKV: tl.constexpr,
                    BLOCK_K: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
@@ -98,7 +104,7 @@ def _prefetch_head(items_ptr, i, n_items, layer_ptrs, lm_w_ptr, w_example_ptr, H
 
 @triton.jit
 def _persistent_step_kernel(
-    items_ptr, n_items, counters_ptr, n_counters, layer_ptrs,
+    items_ptr, n_items, counters_ptr, n_counters, layer_ptrs, timeline_ptr,
     pos_ptr, T, eps, qk_scale,
     h_ptr, qkv_ptr, q_ptr, attn_ptr, act_ptr, logits_ptr, cap_ptr, part_ptr, stat_ptr,
     bt_ptr, cos_ptr, sin_ptr, stride_cs, lm_w_ptr, lm_s_ptr, final_norm_ptr, w_example_ptr,
@@ -109,7 +115,7 @@ def _persistent_step_kernel(
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
-    PF_ROWS: tl.constexpr, STAGES: tl.constexpr,
+    PF_ROWS: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, WAIT_LOAD: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -122,6 +128,8 @@ def _persistent_step_kernel(
         _prefetch_head(items_ptr, tl.program_id(0), n_items, layer_ptrs, lm_w_ptr, w_example_ptr, HIDDEN, H, D,
                        INTER, VOCAB, NQKV, BLOCK_K, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, PF_ROWS, PREFETCH)
     for i in range(tl.program_id(0), n_items, n_programs):
+        if TIMELINE:
+            start = _now()
         if PREFETCH > 0:  # the next item's first chunks stream in while this one waits and runs
             _prefetch_head(items_ptr, i + n_programs, n_items, layer_ptrs, lm_w_ptr, w_example_ptr, HIDDEN, H, D,
                            INTER, VOCAB, NQKV, BLOCK_K, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, PF_ROWS, PREFETCH)
@@ -135,10 +143,11 @@ def _persistent_step_kernel(
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 0, w_ty), _ptr(layer_ptrs, layer, 1, tl.float32),
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
-                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32, PREFETCH, STAGES)
+                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
+                      PREFETCH, STAGES, WAIT_LOAD)
             signal(c)
         elif kind == ATTN_IN:
-            wait_for(c, tl.cdiv(NQKV, BN_QKV))
+            wait_for(c, tl.cdiv(NQKV, BN_QKV), WAIT_LOAD)
             k_pages, v_pages, k_scale, v_scale, smooth = _kv(layer_ptrs, layer, act_ty, KV_INT8)
             attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr,
                                   cos_ptr, sin_ptr, stride_cs, _ptr(layer_ptrs, layer, 10, act_ty),
@@ -147,7 +156,7 @@ def _persistent_step_kernel(
             signal(c + 1 + index)
         elif kind == ATTN:
             kv_head = index // NUM_SPLITS
-            wait_for(c + 1 + kv_head, 1)
+            wait_for(c + 1 + kv_head, 1, WAIT_LOAD)
             k_pages, v_pages, k_scale, v_scale, smooth = _kv(layer_ptrs, layer, act_ty, KV_INT8)
             combined = attention_item(q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr, part_ptr,
                                       stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T, kv_head, index % NUM_SPLITS,
@@ -159,23 +168,31 @@ def _persistent_step_kernel(
         elif kind == O_PROJ:
             gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, -1, index * BN_O, c + C_ATTN, HKV,
-                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32, PREFETCH, STAGES)
+                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
+                      PREFETCH, STAGES, WAIT_LOAD)
             signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
-                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32, PREFETCH, STAGES)
+                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
+                      PREFETCH, STAGES, WAIT_LOAD)
             signal(c + C_ATTN + 2)
         elif kind == DOWN:
             gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, capture, index * BN_DOWN, c + C_ATTN + 2, tl.cdiv(INTER, BN_GU),
-                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32, PREFETCH, STAGES)
+                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32,
+                      PREFETCH, STAGES, WAIT_LOAD)
             signal(c + C_ATTN + 3)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
-                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32, PREFETCH, STAGES)
+                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
+                      PREFETCH, STAGES, WAIT_LOAD)
+        if TIMELINE:
+            tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
+            tl.store(timeline_ptr + i * 3 + 1, start)
+            tl.store(timeline_ptr + i * 3 + 2, _now())
     # The last program to get here zeroes every counter (the finished count too) for the next launch.
     tl.debug_barrier()
     if tl.atomic_add(counters_ptr + n_counters - 1, 1, sem="acq_rel", scope="gpu") == n_programs - 1:
@@ -190,7 +207,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, prefetch: int = 0, stages: int = 1,
-                           warmup: bool = False):
+                           timeline: torch.Tensor | None = None, wait_load: bool = False, warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -205,14 +222,17 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     reads (sm_90 bulk prefetch; 0 for none; every weight row's bytes and address must be multiples of
     16). ``stages``: 1, each GEMV chunk's successor loaded into registers before its dot (the first
     before the item's wait); more, the compiler's software pipeline of that many stages through
-    shared memory. ``warmup``: compile, do not run; returns the compiled kernel (for
-    :func:`resident_programs`)."""
+    shared memory. ``timeline``: int64 ``[n_items, 3]``, where each item's program, start and end
+    (ns of the GPU's global timer) are written (profiling; None: not). ``wait_load``: items spin
+    on their counters with acquire loads, not atomic reads (not under the interpreter).
+    ``warmup``: compile, do not run; returns the compiled kernel (for :func:`resident_programs`)."""
     t = positions.numel()
     assert 1 <= t <= 16, f"the persistent step runs 1..16 tokens, got {t}"
     s, act = shape, bufs.h
     int8, lm_int8 = layer_weight.dtype == torch.int8, lm_w.dtype == torch.int8
     dummy = bufs.stat
     args = (plan.items, plan.items.shape[0], bufs.counters, bufs.counters.numel(), layer_ptrs,
+            bufs.counters if timeline is None else timeline,
             positions, t, eps, s.head_dim ** -0.5 * 1.4426950408889634,
             act, bufs.qkv, bufs.q, bufs.attn, bufs.act, bufs.logits, bufs.capture, bufs.part, bufs.stat,
             block_table, cos, sin, cos.stride(0), lm_w, lm_s if lm_int8 else dummy, final_norm, layer_weight,
@@ -223,6 +243,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
               BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
               DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
               DOT_PRECISION="ieee", PREFETCH=prefetch, PF_ROWS=max(s.block_n), STAGES=stages,
+              TIMELINE=timeline is not None, WAIT_LOAD=wait_load,
               num_warps=num_warps, num_stages=1, maxnreg=max_registers or None, enable_fp_fusion=False)
     if warmup:
         return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)

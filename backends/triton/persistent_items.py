@@ -40,12 +40,24 @@ BLOCK_T = tl.constexpr(16)  # token rows of every GEMV tile (T = 1..16 padded)
 
 
 @triton.jit
-def wait_for(counter_ptr, target):
+def wait_for(counter_ptr, target, LOAD: tl.constexpr = False):
     """Spin until the int32 counter reaches ``target`` (acquire: what its producers wrote before
-    their release is visible after)."""
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    while seen < target:
+    their release is visible after): with atomic reads, or where LOAD with acquire loads (sm_70 and
+    later; not under the interpreter), which the L2 serves without its atomic unit."""
+    if LOAD:
+        seen = _load_acquire(counter_ptr)
+        while seen < target:
+            seen = _load_acquire(counter_ptr)
+    else:
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _load_acquire(ptr):
+    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -106,7 +118,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
-              STAGES: tl.constexpr):
+              STAGES: tl.constexpr, WAIT_LOAD: tl.constexpr):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
@@ -131,7 +143,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
     tile = (w_ptr + n0.to(tl.int64) * K).to(tl.int64)  # the first weight row's address
     rows = tl.minimum(N - n0, BLOCK_N)
-    wait_for(wait_ptr, wait_target)
+    wait_for(wait_ptr, wait_target, WAIT_LOAD)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)

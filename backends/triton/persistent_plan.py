@@ -13,6 +13,7 @@ from tileinfer.backends.triton.persistent_items import BLOCK_T
 
 # Item kinds, in the order of a layer's work.
 QKV, ATTN_IN, ATTN, O_PROJ, GATE_UP, DOWN, LM_HEAD = range(7)
+KIND_NAMES = ("qkv", "attn_inputs", "attention", "o_proj", "gate_up", "down", "lm_head")
 # The addresses each layer hands the kernel: one int64 row of ``layer_ptrs`` per layer. The last
 # three go with int8 pages: the float32 K and V scales and the key smoothing.
 LAYER_POINTERS = ("qkv_w", "qkv_s", "o_w", "o_s", "gate_up_w", "gate_up_s", "down_w", "down_s",

@@ -101,3 +101,26 @@ def test_a_qwen3_shape_is_refused_for_a_dflash_step_on_a_cpu(capsys):
         pytest.skip("a GPU runs the Qwen3 shapes")
     assert bench(["dflash-step", "--shape", "Qwen3-4B"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_timeline_summary_splits_the_step_by_kind():
+    from bench.steps import timeline_summary
+    from tileinfer.backends.triton.persistent_plan import ATTN_IN, DOWN, QKV
+
+    # two programs; stages: qkv of layer 0 (items 0, 1), attention inputs (2), down (3, 4), qkv of layer 1 (5)
+    items = torch.tensor([[QKV, 0, 0, -1], [QKV, 0, 1, -1], [ATTN_IN, 0, 0, -1], [DOWN, 0, 0, -1], [DOWN, 0, 1, -1],
+                          [QKV, 1, 0, -1]])
+    timeline = torch.tensor([[0, 100, 1100], [1, 100, 1600], [0, 1100, 2600], [1, 1600, 3600], [0, 2600, 4100],
+                             [1, 3600, 5100]])
+    s = timeline_summary(items, timeline)
+    assert s["span_us"] == 5.0
+    assert s["busy_fraction"] == (1000 + 1500 + 1500 + 2000 + 1500 + 1500) / (2 * 5000)
+    k = s["kinds"]
+    assert k["qkv"]["items"] == 3 and k["down"]["items"] == 2 and set(k) == {"qkv", "attn_inputs", "down"}
+    # stage ends 1600, 2600, 4100, 5100 after the start at 100: the critical path adds up to the span
+    assert k["qkv"]["critical_us"] == 1.5 + 1.0 and k["attn_inputs"]["critical_us"] == 1.0
+    assert k["down"]["critical_us"] == 1.5
+    assert sum(v["critical_us"] for v in k.values()) == s["span_us"]
+    # down items: started 1600 and 2600 (the producer ended 2600): 2000 and 1500 ns from their start,
+    # 1000 and 1500 ns after the producer's end
+    assert k["down"]["item_us"] == 1.75 and k["down"]["work_us"] == 1.25
