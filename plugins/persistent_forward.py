@@ -28,10 +28,11 @@ class PersistentForward(ForwardPass):
         Option("num_splits", int, 16, "attention partitions per kv head", minimum=1),
         Option("chunk", int, 128, "positions per attention chunk (a multiple of 64); the partitions take "
                "chunks round-robin", minimum=64),
-        Option("block_k", int, 256, "K columns per GEMV chunk (a power of two)", minimum=16),
+        Option("block_k", int, 128, "K columns per GEMV chunk (a power of two)", minimum=16),
+        Option("attn_block", int, 16, "keys per attention tile (16, 32 or 64)", minimum=16),
         Option("block_n", str, "16,16,16,16,64", "output columns per GEMV tile of qkv, o_proj, gate_up, down, "
                "lm_head (powers of two >= 16)"),
-        Option("num_warps", int, 4, "warps per program of the persistent grid (4 or 8)", minimum=4),
+        Option("num_warps", int, 8, "warps per program of the persistent grid (4 or 8)", minimum=4),
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
                "multiprocessor", minimum=0),
@@ -57,6 +58,8 @@ class PersistentForward(ForwardPass):
             reasons.append(f"options.persistent.block_n={o['block_n']!r}: five powers of two >= 16, comma-separated")
         if o["block_k"] & (o["block_k"] - 1):
             reasons.append(f"options.persistent.block_k={o['block_k']}: a power of two")
+        if o["attn_block"] not in (16, 32, 64):
+            reasons.append(f"options.persistent.attn_block={o['attn_block']}: 16, 32 or 64")
         if o["chunk"] % 64:
             reasons.append(f"options.persistent.chunk={o['chunk']}: a multiple of 64")
         if o["num_warps"] not in (4, 8):
@@ -104,7 +107,8 @@ class PersistentForward(ForwardPass):
             block_n, splits = tuple(max(b, 64) for b in block_n), min(splits, 2)
         return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                          intermediate=c.intermediate_size, vocab=model.lm_head.out_features, layers=c.num_layers,
-                         page_size=0, num_splits=splits, chunk=o["chunk"], block_k=o["block_k"], block_n=block_n)
+                         page_size=0, num_splits=splits, chunk=o["chunk"], attn_block=o["attn_block"],
+                         block_k=o["block_k"], block_n=block_n)
 
     def _note(self, reason: str | None) -> None:
         if reason is not None and reason not in self._noticed:

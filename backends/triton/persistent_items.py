@@ -113,7 +113,7 @@ def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
                    eviction_policy="evict_first")
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, wait_ptr, wait_target,
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
@@ -209,7 +209,7 @@ def _rope_tables(cos_ptr, sin_ptr, stride_cs, pos, D: tl.constexpr):
     return tl.load(cos_ptr + pos * stride_cs + offs), tl.load(sin_ptr + pos * stride_cs + offs)
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, cos_ptr,
                           sin_ptr, stride_cs, qn_ptr, kn_ptr, eps, kv_head, T, stride_kp, stride_kh, stride_ks,
                           stride_sp, stride_sh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
@@ -254,13 +254,13 @@ def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smoo
         tl.store(v_pages + dst + D // 2, tl.load(v + D // 2, mask=ok, cache_modifier=".cg"), mask=ok)
 
 
-@triton.jit
+@triton.jit(noinline=True)
 def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, part_ptr, stat_ptr, out_ptr,
                    split_counter, T, kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks, stride_sp, stride_sh,
                    H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
                    BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr, UPCAST: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr = 16):
     """Split ``split`` of kv head ``kv_head``'s causal attention for the step's ``T`` query tokens
     (q ``[16, H, D]``), over the keys of chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions
     each) below ``start + T``. Its float32 partials (``acc`` ``[BLOCK_M, D]``, max and sum) go to
@@ -269,50 +269,56 @@ def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, 
     split order into ``out`` (``[16, H * D]``, q's dtype). Returns 1 where it combined, else 0.
     KV_INT8: int8 pages with float32 scales ``ks``, ``vs`` (``[P, HKV, PAGE_SIZE]``, strides
     ``stride_sp``, ``stride_sh``), the query rows first multiplied by the smoothing where SMOOTH
-    (:func:`smooth_q`, :func:`attend_tiles_int8`), as the per-op decode attention."""
-    BLOCK_M: tl.constexpr = BLOCK_T * GROUP
-    offs_m = tl.arange(0, BLOCK_M)
+    (:func:`smooth_q`, :func:`attend_tiles_int8`), as the per-op decode attention. The rows go
+    ``ROWS`` at a time, each block at a fixed offset, so that a row's arithmetic does not depend
+    on T (and the registers on the group size)."""
+    BLOCK_M: tl.constexpr = BLOCK_T * GROUP  # the kv head's rows in the partials
     offs_d = tl.arange(0, D)
-    q, tok, head, row_ok = load_q_rows(q_ptr, H * D, D, kv_head, offs_m, offs_d, T, GROUP, UPCAST)
-    if SMOOTH:  # the cache holds k / k_smooth
-        q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
     start = tl.load(pos_ptr).to(tl.int32)
     length = start + T
-    qpos = start + tok
     k_base, v_base, ks_base, vs_base = kv_head_bases(k_pages, v_pages, ks_ptr, vs_ptr, kv_head, stride_kh, stride_kh,
                                                      stride_sh)
-    acc, l_i, m_i = empty_state(BLOCK_M, D)
-    for lo in range(split * CHUNK, length, NUM_SPLITS * CHUNK):
-        hi = tl.minimum(lo + CHUNK, length)
-        full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N
-        acc, l_i, m_i = attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
-                                     stride_ks, stride_kp, stride_ks, stride_sp, qpos, lo, full_end, hi, qk_scale,
-                                     offs_d, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST, DOT_PRECISION)
-    row = (kv_head * NUM_SPLITS + split) * BLOCK_M + offs_m
-    tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc)
-    tl.store(stat_ptr + row, m_i)
-    tl.store(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, l_i)
+    for m0 in range(0, T * GROUP, ROWS):  # the step's rows, ROWS at a time at fixed offsets
+        offs_m = m0 + tl.arange(0, ROWS)
+        q, tok, head, row_ok = load_q_rows(q_ptr, H * D, D, kv_head, offs_m, offs_d, T, GROUP, UPCAST)
+        if SMOOTH:  # the cache holds k / k_smooth
+            q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
+        qpos = start + tok
+        acc, l_i, m_i = empty_state(ROWS, D)
+        for lo in range(split * CHUNK, length, NUM_SPLITS * CHUNK):
+            hi = tl.minimum(lo + CHUNK, length)
+            full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N
+            acc, l_i, m_i = attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                         stride_ks, stride_kp, stride_ks, stride_sp, qpos, lo, full_end, hi, qk_scale,
+                                         offs_d, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST, DOT_PRECISION)
+        row = (kv_head * NUM_SPLITS + split) * BLOCK_M + offs_m
+        tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc)
+        tl.store(stat_ptr + row, m_i)
+        tl.store(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, l_i)
     tl.debug_barrier()
     last = tl.atomic_add(split_counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1
     if last:
-        _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, head, row_ok,
-                 H, HKV, D, NUM_SPLITS, BLOCK_M)
+        for m0 in range(0, T * GROUP, ROWS):
+            offs_m = m0 + tl.arange(0, ROWS)
+            tok = offs_m // GROUP
+            _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, kv_head * GROUP + offs_m % GROUP,
+                     offs_m < T * GROUP, H, HKV, D, NUM_SPLITS, BLOCK_M, ROWS)
     return last.to(tl.int32)
 
 
 @triton.jit
 def _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, head, row_ok,
              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-             BLOCK_M: tl.constexpr):
+             BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
     """``sum_s w_s acc_s / sum_s w_s l_s`` with ``w_s = exp2(m_s - max_s m_s)``, summed in split
     order (a split that saw no key of a row has ``m_s = -inf``: weight 0, adds exact zeros)."""
     first = kv_head * NUM_SPLITS * BLOCK_M + offs_m
-    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m_all = tl.full([ROWS], float("-inf"), tl.float32)
     for s in range(NUM_SPLITS):
         m_all = tl.maximum(m_all, tl.load(stat_ptr + first + s * BLOCK_M, cache_modifier=".cg"))
     m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
-    num = tl.zeros([BLOCK_M, D], tl.float32)
-    den = tl.zeros([BLOCK_M], tl.float32)
+    num = tl.zeros([ROWS, D], tl.float32)
+    den = tl.zeros([ROWS], tl.float32)
     for s in range(NUM_SPLITS):
         row = first + s * BLOCK_M
         w = tl.math.exp2(tl.load(stat_ptr + row, cache_modifier=".cg") - m_sub)
