@@ -40,6 +40,7 @@ class PersistentForward(ForwardPass):
                "the compiler's software pipeline through shared memory", minimum=1),
         Option("wait", str, "atomic", "how an item spins on the counter of its inputs: atomic reads or acquire "
                "loads", choices=("atomic", "load")),
+        Option("x_ahead", bool, False, "each GEMV activation chunk loaded one chunk ahead, as the weights"),
         Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
                "in the forward pass's ``timeline``, its items in ``timeline_items``"),
         Option("prefetch", int, 0, "GEMV weight chunks a program asks the L2 cache for ahead of the one it reads, "
@@ -190,7 +191,7 @@ class PersistentForward(ForwardPass):
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], prefetch=0 if dot_f32 else self._prefetch,
                       stages=self.options["stages"], timeline=self._timeline(plan),
-                      wait_load=self.options["wait"] == "load" and not dot_f32)
+                      wait_load=self.options["wait"] == "load" and not dot_f32, x_ahead=self.options["x_ahead"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

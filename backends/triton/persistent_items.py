@@ -108,6 +108,11 @@ def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _load_x(x_rows, row_ok, k0, offs_k, K: tl.constexpr):
+    return tl.load(x_rows + k0, mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
 def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
     return tl.load(w_rows + k0, mask=n_ok[:, None] & (k0 + offs_k < K)[None, :], other=0,
                    eviction_policy="evict_first")
@@ -118,7 +123,8 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
-              STAGES: tl.constexpr, WAIT_LOAD: tl.constexpr):
+              STAGES: tl.constexpr, WAIT_LOAD: tl.constexpr,
+              X_AHEAD: tl.constexpr = False):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
@@ -148,9 +154,15 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    x_rows = x_ptr + offs_t[:, None] * K + offs_k[None, :]
+    if X_AHEAD:
+        x_next = _load_x(x_rows, row_ok, 0, offs_k, K)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        x = tl.load(x_ptr + offs_t[:, None] * K + k0 + offs_k[None, :],
-                    mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+        if X_AHEAD:  # each activation chunk loaded one iteration ahead, as the weights
+            x = x_next
+            x_next = _load_x(x_rows, row_ok, k0 + BLOCK_K, offs_k, K)
+        else:
+            x = _load_x(x_rows, row_ok, k0, offs_k, K)
         if NORM:
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
