@@ -28,23 +28,15 @@ class PersistentForward(ForwardPass):
         Option("num_splits", int, 16, "attention partitions per kv head", minimum=1),
         Option("chunk", int, 128, "positions per attention chunk (a multiple of 64); the partitions take "
                "chunks round-robin", minimum=64),
-        Option("block_k", int, 128, "K columns per GEMV chunk (a power of two)", minimum=16),
-        Option("attn_block", int, 16, "keys per attention tile (16, 32 or 64)", minimum=16),
+        Option("block_k", int, 256, "K columns per GEMV chunk (a power of two)", minimum=16),
         Option("block_n", str, "16,16,16,16,64", "output columns per GEMV tile of qkv, o_proj, gate_up, down, "
                "lm_head (powers of two >= 16)"),
-        Option("num_warps", int, 8, "warps per program of the persistent grid (4 or 8)", minimum=4),
+        Option("num_warps", int, 4, "warps per program of the persistent grid (4 or 8)", minimum=4),
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
                "multiprocessor", minimum=0),
-        Option("stages", int, 1, "GEMV weight chunks in flight per program: 1, the next chunk in registers; more, "
-               "the compiler's software pipeline through shared memory", minimum=1),
-        Option("wait", str, "atomic", "how an item spins on the counter of its inputs: atomic reads or acquire "
-               "loads", choices=("atomic", "load")),
-        Option("x_ahead", bool, False, "each GEMV activation chunk loaded one chunk ahead, as the weights"),
         Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
                "in the forward pass's ``timeline``, its items in ``timeline_items``"),
-        Option("prefetch", int, 0, "GEMV weight chunks a program asks the L2 cache for ahead of the one it reads, "
-               "the next item's first chunks while it waits (sm_90 and later; 0: none)", minimum=0),
     )
 
     @classmethod
@@ -59,8 +51,6 @@ class PersistentForward(ForwardPass):
             reasons.append(f"options.persistent.block_n={o['block_n']!r}: five powers of two >= 16, comma-separated")
         if o["block_k"] & (o["block_k"] - 1):
             reasons.append(f"options.persistent.block_k={o['block_k']}: a power of two")
-        if o["attn_block"] not in (16, 32, 64):
-            reasons.append(f"options.persistent.attn_block={o['attn_block']}: 16, 32 or 64")
         if o["chunk"] % 64:
             reasons.append(f"options.persistent.chunk={o['chunk']}: a multiple of 64")
         if o["num_warps"] not in (4, 8):
@@ -108,8 +98,7 @@ class PersistentForward(ForwardPass):
             block_n, splits = tuple(max(b, 64) for b in block_n), min(splits, 2)
         return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                          intermediate=c.intermediate_size, vocab=model.lm_head.out_features, layers=c.num_layers,
-                         page_size=0, num_splits=splits, chunk=o["chunk"], attn_block=o["attn_block"],
-                         block_k=o["block_k"], block_n=block_n)
+                         page_size=0, num_splits=splits, chunk=o["chunk"], block_k=o["block_k"], block_n=block_n)
 
     def _note(self, reason: str | None) -> None:
         if reason is not None and reason not in self._noticed:
@@ -141,7 +130,6 @@ class PersistentForward(ForwardPass):
             table = layer_pointer_table(rows, m.device)
             bufs = StepBuffers.allocate(self.shape, m.dtype, m.device, captures=len(m.layers))
             self._bound = (kv, table, bufs)
-            self._prefetch = self._prefetch_distance()
             self._plans.clear()
         return self._bound[1], self._bound[2]
 
@@ -189,9 +177,7 @@ class PersistentForward(ForwardPass):
         scales = (0, 0) if kv_pages.k_scale is None else tuple(kv_pages.k_scale.stride()[:2])
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
-                      max_registers=self.options["max_registers"], prefetch=0 if dot_f32 else self._prefetch,
-                      stages=self.options["stages"], timeline=self._timeline(plan),
-                      wait_load=self.options["wait"] == "load" and not dot_f32, x_ahead=self.options["x_ahead"])
+                      max_registers=self.options["max_registers"], timeline=self._timeline(plan))
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)
@@ -204,19 +190,6 @@ class PersistentForward(ForwardPass):
             self.timeline_items = plan.items
             self.timeline = torch.zeros(plan.items.shape[0], 3, dtype=torch.int64, device=self.model.device)
         return self.timeline
-
-    def _prefetch_distance(self) -> int:
-        """The prefetch distance, 0 where the device has no bulk L2 prefetch (before sm_90) or a weight
-        row's bytes or address is not a multiple of 16."""
-        s, m = self.shape, self.model
-        elems = {m.layers[0].qkv.weight.element_size(), m.lm_head.weight.element_size()}
-        rows = (s.hidden, s.heads * s.head_dim, s.intermediate)
-        weights = [t.data_ptr() for layer in m.layers for t in (layer.qkv.weight, layer.o_proj.weight,
-                                                                layer.gate_up.weight, layer.down.weight)]
-        aligned = all(k * e % 16 == 0 for k in rows for e in elems) and all(
-            a % 16 == 0 for a in weights + [m.lm_head.weight.data_ptr()])
-        hopper = m.device.type == "cuda" and torch.cuda.get_device_capability(m.device)[0] >= 9
-        return self.options["prefetch"] if aligned and hopper else 0
 
     def _grid(self, args: tuple, launch: dict) -> int:
         """Programs of the grid: ``programs_per_sm`` per multiprocessor, fewer where fewer fit."""

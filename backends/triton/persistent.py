@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tileinfer.backends.triton.persistent_items import (attention_inputs_item, attention_item, gemv_item,
-                                                        prefetch_tile, signal, wait_for)
+from tileinfer.backends.triton.persistent_items import (attention_inputs_item, attention_item, gemv_item, signal,
+                                                        wait_for)
 from tileinfer.backends.triton import persistent_plan as plan_
 from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape
 
@@ -70,39 +70,6 @@ def _now():
 
 
 @triton.jit
-def _prefetch_head(items_ptr, i, n_items, layer_ptrs, lm_w_ptr, w_example_ptr, HIDDEN: tl.constexpr,
-                   H: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr, VOCAB: tl.constexpr, NQKV: tl.constexpr,
-                   BLOCK_K: tl.constexpr, BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr,
-                   BN_DOWN: tl.constexpr, BN_LM: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr):
-    """The L2 prefetch of the first ``PREFETCH`` weight chunks of item ``i``'s rows (gate and up rows
-    for gate_up), none where ``i >= n_items`` or the item reads no weights. ``ROWS``: the largest
-    GEMV tile (a power of two)."""
-    if i < n_items:
-        kind = tl.load(items_ptr + i * 4)
-        layer = tl.load(items_ptr + i * 4 + 1)
-        index = tl.load(items_ptr + i * 4 + 2)
-        col = tl.where(kind == QKV, 0, tl.where(kind == O_PROJ, 2, tl.where(kind == GATE_UP, 4, 6)))
-        is_lm = kind > DOWN
-        has_w = (kind != ATTN_IN) & (kind != ATTN)
-        base = tl.load(layer_ptrs + tl.where(has_w & ~is_lm, layer * NUM_PTRS + col, 0))
-        base = tl.where(is_lm, lm_w_ptr.to(tl.int64), base)
-        k = tl.where(kind == O_PROJ, H * D, tl.where(kind == DOWN, INTER, HIDDEN))
-        n = tl.where(kind == QKV, NQKV, tl.where(kind == GATE_UP, INTER, tl.where(is_lm, VOCAB, HIDDEN)))
-        bn = tl.where(kind == QKV, BN_QKV, tl.where(kind == O_PROJ, BN_O, tl.where(kind == GATE_UP, BN_GU,
-                                                                                    tl.where(is_lm, BN_LM, BN_DOWN))))
-        w_elem: tl.constexpr = w_example_ptr.dtype.element_ty.primitive_bitwidth // 8
-        lm_elem: tl.constexpr = lm_w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        elem = tl.where(is_lm, lm_elem, w_elem)
-        rows = tl.where(has_w, tl.minimum(n - index * bn, bn), 0)
-        row_bytes = k * elem
-        first = base + (index * bn).to(tl.int64) * row_bytes
-        head = PREFETCH * BLOCK_K * elem
-        prefetch_tile(first, row_bytes, rows, 0, head, ROWS, 128 // ROWS)
-        prefetch_tile(first + INTER * row_bytes, row_bytes, tl.where(kind == GATE_UP, rows, 0), 0, head, ROWS,
-                      128 // ROWS)
-
-
-@triton.jit
 def _persistent_step_kernel(
     items_ptr, n_items, counters_ptr, n_counters, layer_ptrs, timeline_ptr,
     pos_ptr, T, eps, qk_scale,
@@ -114,9 +81,7 @@ def _persistent_step_kernel(
     ATTN_BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
-    DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH: tl.constexpr,
-    PF_ROWS: tl.constexpr, STAGES: tl.constexpr, TIMELINE: tl.constexpr, WAIT_LOAD: tl.constexpr,
-    X_AHEAD: tl.constexpr,
+    DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -125,15 +90,9 @@ def _persistent_step_kernel(
     act_ty = h_ptr.dtype.element_ty
     w_ty = w_example_ptr.dtype.element_ty
     n_programs = tl.num_programs(0)
-    if PREFETCH > 0:
-        _prefetch_head(items_ptr, tl.program_id(0), n_items, layer_ptrs, lm_w_ptr, w_example_ptr, HIDDEN, H, D,
-                       INTER, VOCAB, NQKV, BLOCK_K, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, PF_ROWS, PREFETCH)
     for i in range(tl.program_id(0), n_items, n_programs):
         if TIMELINE:
             start = _now()
-        if PREFETCH > 0:  # the next item's first chunks stream in while this one waits and runs
-            _prefetch_head(items_ptr, i + n_programs, n_items, layer_ptrs, lm_w_ptr, w_example_ptr, HIDDEN, H, D,
-                           INTER, VOCAB, NQKV, BLOCK_K, BN_QKV, BN_O, BN_GU, BN_DOWN, BN_LM, PF_ROWS, PREFETCH)
         kind = tl.load(items_ptr + i * 4)
         layer = tl.load(items_ptr + i * 4 + 1)
         index = tl.load(items_ptr + i * 4 + 2)
@@ -144,11 +103,10 @@ def _persistent_step_kernel(
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 0, w_ty), _ptr(layer_ptrs, layer, 1, tl.float32),
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
-                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
-                      PREFETCH, STAGES, WAIT_LOAD, X_AHEAD)
+                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32)
             signal(c)
         elif kind == ATTN_IN:
-            wait_for(c, tl.cdiv(NQKV, BN_QKV), WAIT_LOAD)
+            wait_for(c, tl.cdiv(NQKV, BN_QKV))
             k_pages, v_pages, k_scale, v_scale, smooth = _kv(layer_ptrs, layer, act_ty, KV_INT8)
             attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr,
                                   cos_ptr, sin_ptr, stride_cs, _ptr(layer_ptrs, layer, 10, act_ty),
@@ -157,7 +115,7 @@ def _persistent_step_kernel(
             signal(c + 1 + index)
         elif kind == ATTN:
             kv_head = index // NUM_SPLITS
-            wait_for(c + 1 + kv_head, 1, WAIT_LOAD)
+            wait_for(c + 1 + kv_head, 1)
             k_pages, v_pages, k_scale, v_scale, smooth = _kv(layer_ptrs, layer, act_ty, KV_INT8)
             combined = attention_item(q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr, part_ptr,
                                       stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T, kv_head, index % NUM_SPLITS,
@@ -169,27 +127,23 @@ def _persistent_step_kernel(
         elif kind == O_PROJ:
             gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, -1, index * BN_O, c + C_ATTN, HKV,
-                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
-                      PREFETCH, STAGES, WAIT_LOAD, X_AHEAD)
+                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32)
             signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
-                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
-                      PREFETCH, STAGES, WAIT_LOAD, X_AHEAD)
+                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32)
             signal(c + C_ATTN + 2)
         elif kind == DOWN:
             gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, capture, index * BN_DOWN, c + C_ATTN + 2, tl.cdiv(INTER, BN_GU),
-                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32,
-                      PREFETCH, STAGES, WAIT_LOAD, X_AHEAD)
+                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32)
             signal(c + C_ATTN + 3)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
-                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
-                      PREFETCH, STAGES, WAIT_LOAD, X_AHEAD)
+                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32)
         if TIMELINE:
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
@@ -207,8 +161,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            lm_w: torch.Tensor, lm_s: torch.Tensor | None, final_norm: torch.Tensor,
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
-                           num_warps: int = 4, max_registers: int = 0, prefetch: int = 0, stages: int = 1,
-                           timeline: torch.Tensor | None = None, wait_load: bool = False, x_ahead: bool = False,
+                           num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
                            warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
@@ -220,14 +173,10 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     float32 ``[D]`` smoothing where ``shape.k_smooth``). ``lm_w`` (``lm_s`` its scales where int8)
     and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
-    its own choice (up to 255). ``prefetch``: GEMV chunks a program asks the L2 for ahead of the one it
-    reads (sm_90 bulk prefetch; 0 for none; every weight row's bytes and address must be multiples of
-    16). ``stages``: 1, each GEMV chunk's successor loaded into registers before its dot (the first
-    before the item's wait); more, the compiler's software pipeline of that many stages through
-    shared memory. ``timeline``: int64 ``[n_items, 3]``, where each item's program, start and end
-    (ns of the GPU's global timer) are written (profiling; None: not). ``wait_load``: items spin
-    on their counters with acquire loads, not atomic reads (not under the interpreter).
-    ``warmup``: compile, do not run; returns the compiled kernel (for :func:`resident_programs`)."""
+    its own choice (up to 255). ``timeline``: int64 ``[n_items, 3]``, where each item's program, start
+    and end (ns of the GPU's global timer) are written (profiling; None: not). ``warmup``: compile,
+    do not run; returns the compiled kernel (for :func:`resident_programs`). FMA contraction is off:
+    the 1-token step (T compiled as a constant) and the others round alike."""
     t = positions.numel()
     assert 1 <= t <= 16, f"the persistent step runs 1..16 tokens, got {t}"
     s, act = shape, bufs.h
@@ -244,9 +193,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
               BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
               BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
               DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
-              DOT_PRECISION="ieee", PREFETCH=prefetch, PF_ROWS=max(s.block_n), STAGES=stages,
-              TIMELINE=timeline is not None, WAIT_LOAD=wait_load, X_AHEAD=x_ahead,
-              num_warps=num_warps, num_stages=1, maxnreg=max_registers or None, enable_fp_fusion=False)
+              DOT_PRECISION="ieee", TIMELINE=timeline is not None, num_warps=num_warps, num_stages=1,
+              maxnreg=max_registers or None, enable_fp_fusion=False)
     if warmup:
         return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)
     _persistent_step_kernel[(programs,)](*args, **kw)

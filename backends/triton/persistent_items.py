@@ -40,24 +40,12 @@ BLOCK_T = tl.constexpr(16)  # token rows of every GEMV tile (T = 1..16 padded)
 
 
 @triton.jit
-def wait_for(counter_ptr, target, LOAD: tl.constexpr = False):
+def wait_for(counter_ptr, target):
     """Spin until the int32 counter reaches ``target`` (acquire: what its producers wrote before
-    their release is visible after): with atomic reads, or where LOAD with acquire loads (sm_70 and
-    later; not under the interpreter), which the L2 serves without its atomic unit."""
-    if LOAD:
-        seen = _load_acquire(counter_ptr)
-        while seen < target:
-            seen = _load_acquire(counter_ptr)
-    else:
+    their release is visible after)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < target:
         seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
-def _load_acquire(ptr):
-    return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                     is_pure=False, pack=1)
 
 
 @triton.jit
@@ -65,31 +53,6 @@ def signal(counter_ptr):
     """Count one finished item: every thread's stores are ordered before the release increment."""
     tl.debug_barrier()
     tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def prefetch_l2(addr, nbytes):
-    """Ask the L2 cache to fetch ``nbytes`` (int32, a multiple of 16; 0 for nothing) at each 16-byte
-    aligned address of the int64 tensor ``addr``, without waiting (sm_90's bulk prefetch: the bytes
-    stream in from HBM while the program goes on)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_tile(base, row_bytes, rows, start, span, ROWS: tl.constexpr, SEGS: tl.constexpr):
-    """The L2 prefetch of bytes ``start .. start + span`` (clipped at ``row_bytes``) of each of the
-    ``rows`` rows (at most ROWS) of ``row_bytes`` bytes from the int64 address ``base``: a
-    ``[ROWS, SEGS]`` grid of pieces, ``ROWS * SEGS`` the threads of a 4-warp program, so that each
-    piece is asked for by one thread. Every size and address a multiple of 16."""
-    r = tl.arange(0, ROWS)[:, None]
-    seg = tl.arange(0, SEGS)[None, :]
-    span = tl.minimum(span, row_bytes - start)
-    piece = tl.cdiv(span, SEGS * 16) * 16
-    lo = seg * piece
-    nbytes = tl.where((r < rows) & (lo < span), tl.minimum(span - lo, piece), 0)
-    prefetch_l2(base + r.to(tl.int64) * row_bytes + start + lo, nbytes.to(tl.int32))
 
 
 @triton.jit
@@ -108,33 +71,23 @@ def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _load_x(x_rows, row_ok, k0, offs_k, K: tl.constexpr):
-    return tl.load(x_rows + k0, mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
-
-
-@triton.jit
 def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
     return tl.load(w_rows + k0, mask=n_ok[:, None] & (k0 + offs_k < K)[None, :], other=0,
                    eviction_policy="evict_first")
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, wait_ptr, wait_target,
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PREFETCH: tl.constexpr,
-              STAGES: tl.constexpr, WAIT_LOAD: tl.constexpr,
-              X_AHEAD: tl.constexpr = False):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
     SWIGLU: rows ``n`` (gate) and ``UP_ROWS + n`` (up), each accumulator rounded to y's dtype,
     then ``silu(g) * u``. RESIDUAL: ``y = round(y + y_old)`` (in place: the residual stream).
     ``capture >= 0``: the result also at ``cap_ptr``. Waits for ``wait_ptr`` to reach
-    ``wait_target`` after its first weight loads (STAGES 1; STAGES > 1: the weight loads are the
-    compiler's pipeline of STAGES stages, all after the wait). PREFETCH > 0: the chunk ``PREFETCH`` chunks
-    ahead of the one in the loop is prefetched into the L2 (the first ``PREFETCH`` chunks are the
-    item before's to prefetch: :func:`prefetch_rows`)."""
+    ``wait_target`` after its first weight loads."""
     act_ty = x_ptr.dtype.element_ty
     offs_t = tl.arange(0, BLOCK_T)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -142,50 +95,27 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     row_ok = offs_t < T
     n_ok = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
-    if STAGES == 1:  # the first chunk in registers before the wait
-        wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
-        if SWIGLU:
-            wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
-    elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    tile = (w_ptr + n0.to(tl.int64) * K).to(tl.int64)  # the first weight row's address
-    rows = tl.minimum(N - n0, BLOCK_N)
-    wait_for(wait_ptr, wait_target, WAIT_LOAD)
+    wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
+    if SWIGLU:
+        wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
+    wait_for(wait_ptr, wait_target)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    x_rows = x_ptr + offs_t[:, None] * K + offs_k[None, :]
-    if X_AHEAD:
-        x_next = _load_x(x_rows, row_ok, 0, offs_k, K)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        if X_AHEAD:  # each activation chunk loaded one iteration ahead, as the weights
-            x = x_next
-            x_next = _load_x(x_rows, row_ok, k0 + BLOCK_K, offs_k, K)
-        else:
-            x = _load_x(x_rows, row_ok, k0, offs_k, K)
+    for k0 in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + offs_t[:, None] * K + k0 + offs_k[None, :],
+                    mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
         if NORM:
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
-        if PREFETCH > 0:
-            ahead = (k0 + PREFETCH * BLOCK_K) * elem
-            prefetch_tile(tile, K * elem, rows, ahead, BLOCK_K * elem, BLOCK_N, 128 // BLOCK_N)
-            if SWIGLU:
-                prefetch_tile(tile + UP_ROWS * K * elem, K * elem, rows, ahead, BLOCK_K * elem, BLOCK_N,
-                              128 // BLOCK_N)
-        if STAGES > 1:  # the compiler's pipeline keeps STAGES - 1 chunks in flight
-            wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
-            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
-            if SWIGLU:
-                wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
-                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
-        else:  # each chunk's successor loaded before its dot
-            next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
-            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
-            wg = next_g
-            if SWIGLU:
-                next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
-                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
-                wu = next_u
+        next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
+        acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+        wg = next_g
+        if SWIGLU:
+            next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
+            acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+            wu = next_u
     out_ty = y_ptr.dtype.element_ty
     if INT8:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
@@ -221,7 +151,7 @@ def _rope_tables(cos_ptr, sin_ptr, stride_cs, pos, D: tl.constexpr):
     return tl.load(cos_ptr + pos * stride_cs + offs), tl.load(sin_ptr + pos * stride_cs + offs)
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, cos_ptr,
                           sin_ptr, stride_cs, qn_ptr, kn_ptr, eps, kv_head, T, stride_kp, stride_kh, stride_ks,
                           stride_sp, stride_sh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
@@ -266,13 +196,13 @@ def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smoo
         tl.store(v_pages + dst + D // 2, tl.load(v + D // 2, mask=ok, cache_modifier=".cg"), mask=ok)
 
 
-@triton.jit(noinline=True)
+@triton.jit
 def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, part_ptr, stat_ptr, out_ptr,
                    split_counter, T, kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks, stride_sp, stride_sh,
                    H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
                    BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr, UPCAST: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, ROWS: tl.constexpr = 16):
+                   DOT_PRECISION: tl.constexpr):
     """Split ``split`` of kv head ``kv_head``'s causal attention for the step's ``T`` query tokens
     (q ``[16, H, D]``), over the keys of chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions
     each) below ``start + T``. Its float32 partials (``acc`` ``[BLOCK_M, D]``, max and sum) go to
@@ -281,56 +211,50 @@ def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, 
     split order into ``out`` (``[16, H * D]``, q's dtype). Returns 1 where it combined, else 0.
     KV_INT8: int8 pages with float32 scales ``ks``, ``vs`` (``[P, HKV, PAGE_SIZE]``, strides
     ``stride_sp``, ``stride_sh``), the query rows first multiplied by the smoothing where SMOOTH
-    (:func:`smooth_q`, :func:`attend_tiles_int8`), as the per-op decode attention. The rows go
-    ``ROWS`` at a time, each block at a fixed offset, so that a row's arithmetic does not depend
-    on T (and the registers on the group size)."""
-    BLOCK_M: tl.constexpr = BLOCK_T * GROUP  # the kv head's rows in the partials
+    (:func:`smooth_q`, :func:`attend_tiles_int8`), as the per-op decode attention."""
+    BLOCK_M: tl.constexpr = BLOCK_T * GROUP
+    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
+    q, tok, head, row_ok = load_q_rows(q_ptr, H * D, D, kv_head, offs_m, offs_d, T, GROUP, UPCAST)
+    if SMOOTH:  # the cache holds k / k_smooth
+        q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
     start = tl.load(pos_ptr).to(tl.int32)
     length = start + T
+    qpos = start + tok
     k_base, v_base, ks_base, vs_base = kv_head_bases(k_pages, v_pages, ks_ptr, vs_ptr, kv_head, stride_kh, stride_kh,
                                                      stride_sh)
-    for m0 in range(0, T * GROUP, ROWS):  # the step's rows, ROWS at a time at fixed offsets
-        offs_m = m0 + tl.arange(0, ROWS)
-        q, tok, head, row_ok = load_q_rows(q_ptr, H * D, D, kv_head, offs_m, offs_d, T, GROUP, UPCAST)
-        if SMOOTH:  # the cache holds k / k_smooth
-            q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
-        qpos = start + tok
-        acc, l_i, m_i = empty_state(ROWS, D)
-        for lo in range(split * CHUNK, length, NUM_SPLITS * CHUNK):
-            hi = tl.minimum(lo + CHUNK, length)
-            full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N
-            acc, l_i, m_i = attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
-                                         stride_ks, stride_kp, stride_ks, stride_sp, qpos, lo, full_end, hi, qk_scale,
-                                         offs_d, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST, DOT_PRECISION)
-        row = (kv_head * NUM_SPLITS + split) * BLOCK_M + offs_m
-        tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc)
-        tl.store(stat_ptr + row, m_i)
-        tl.store(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, l_i)
+    acc, l_i, m_i = empty_state(BLOCK_M, D)
+    for lo in range(split * CHUNK, length, NUM_SPLITS * CHUNK):
+        hi = tl.minimum(lo + CHUNK, length)
+        full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N
+        acc, l_i, m_i = attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
+                                     stride_ks, stride_kp, stride_ks, stride_sp, qpos, lo, full_end, hi, qk_scale,
+                                     offs_d, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST, DOT_PRECISION)
+    row = (kv_head * NUM_SPLITS + split) * BLOCK_M + offs_m
+    tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc)
+    tl.store(stat_ptr + row, m_i)
+    tl.store(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, l_i)
     tl.debug_barrier()
     last = tl.atomic_add(split_counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1
     if last:
-        for m0 in range(0, T * GROUP, ROWS):
-            offs_m = m0 + tl.arange(0, ROWS)
-            tok = offs_m // GROUP
-            _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, kv_head * GROUP + offs_m % GROUP,
-                     offs_m < T * GROUP, H, HKV, D, NUM_SPLITS, BLOCK_M, ROWS)
+        _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, head, row_ok,
+                 H, HKV, D, NUM_SPLITS, BLOCK_M)
     return last.to(tl.int32)
 
 
 @triton.jit
 def _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, head, row_ok,
              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
-             BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
+             BLOCK_M: tl.constexpr):
     """``sum_s w_s acc_s / sum_s w_s l_s`` with ``w_s = exp2(m_s - max_s m_s)``, summed in split
     order (a split that saw no key of a row has ``m_s = -inf``: weight 0, adds exact zeros)."""
     first = kv_head * NUM_SPLITS * BLOCK_M + offs_m
-    m_all = tl.full([ROWS], float("-inf"), tl.float32)
+    m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(NUM_SPLITS):
         m_all = tl.maximum(m_all, tl.load(stat_ptr + first + s * BLOCK_M, cache_modifier=".cg"))
     m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
-    num = tl.zeros([ROWS, D], tl.float32)
-    den = tl.zeros([ROWS], tl.float32)
+    num = tl.zeros([BLOCK_M, D], tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
     for s in range(NUM_SPLITS):
         row = first + s * BLOCK_M
         w = tl.math.exp2(tl.load(stat_ptr + row, cache_modifier=".cg") - m_sub)

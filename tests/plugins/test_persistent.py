@@ -100,16 +100,6 @@ def test_rows_are_the_same_bits_in_one_step_or_several(case):
     assert torch.equal(case.kv.k, pages)
 
 
-def test_activations_loaded_ahead_give_the_same_bits(case):
-    case.restore()
-    plain, _ = case.step(case.persistent, CONTEXT, 3)
-    plain = plain.clone()
-    case.restore()
-    ahead = PersistentForward(case.model, options={**OPTIONS, "x_ahead": True})
-    out, _ = case.step(ahead, CONTEXT, 3)
-    assert torch.equal(out, plain)
-
-
 def test_last_only_and_no_logits(case):
     ref, _ = case.step(case.per_op, CONTEXT, 2, last_only=True)
     case.restore()
