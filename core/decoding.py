@@ -35,6 +35,7 @@ from tileinfer.host_records import HostRecords
 from tileinfer.interfaces import ForwardPass, KVStore, Sample, Sampler
 from tileinfer.prefill import ChunkCallback
 from tileinfer.prefix_cache import PrefixCache
+from tileinfer.prompt_logprobs import PromptScores
 from tileinfer.sampling_step import SamplingStep, TokenLogprob
 from tileinfer.speculative import DraftLength, finite_or
 from tileinfer.steps import MAX_GRAPH_TOKENS, StepRunner
@@ -70,14 +71,15 @@ def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
 @torch.inference_mode()
 def prefill(steps: StepRunner, sampler: Sampler, ids: Sequence[int], capture: Collection[int] = (),
             who: str = "sampler", *, chunk: int | None = None, on_chunk: ChunkCallback | None = None,
-            progress: bool = False, start: int = 0) -> torch.Tensor:
+            progress: bool = False, start: int = 0, scores: PromptScores | None = None) -> torch.Tensor:
     """Run the prompt ``ids`` from position ``start`` (the KV store holding ``ids[:start]``) in
     steps of at most ``chunk`` tokens (None: one step) and sample the token after it
     (``StepRunner.prefill``: ``on_chunk`` gets each chunk's ids, start and hidden states of the
-    layers in ``capture``; ``progress`` shows a progress line on a terminal). Returns that token as
-    a ``[1]`` int64 tensor on the device, not read by the host (-1 if the logits are not finite)."""
+    layers in ``capture``; ``progress`` shows a progress line on a terminal; ``scores`` receive the
+    prompt's logprobs). Returns that token as a ``[1]`` int64 tensor on the device, not read by the
+    host (-1 if the logits are not finite)."""
     logits = steps.prefill(ids, chunk=chunk or max(len(ids), 1), capture=capture, on_chunk=on_chunk,
-                           progress=progress, start=start)
+                           progress=progress, start=start, scores=scores)
     return finite_or(checked_sample(sampler, logits, who).tokens, logits)
 
 
@@ -112,13 +114,18 @@ class Decoder:
         self.choice = Choice(plan.strategy, plan.ahead)
         self.sampling = SamplingStep(sampler, [], 0)
         self.logprobs: list[TokenLogprob] = []  # of the tokens yielded last, when asked for
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None  # the prompt's, once prefilled, when asked for
+        self._scores: PromptScores | None = None
 
     def run(self, ids: Sequence[int], max_new: int, eos: Collection[int],
-            logprobs: int | None = None) -> Iterator[list[int]]:
+            logprobs: int | None = None, prompt_logprobs: int | None = None) -> Iterator[list[int]]:
         """Prefill ``ids`` and decode after them; yields each step's committed tokens, the last
         list ending at the first token in ``eos`` or at the ``max_new``-th token. ``logprobs`` (top
         tokens per position): after each yield, ``self.logprobs`` holds the yielded tokens'
-        (``sampling_step.TokenLogprob``); the host then reads each step before the next."""
+        (``sampling_step.TokenLogprob``); the host then reads each step before the next.
+        ``prompt_logprobs`` (top tokens per position): from the first yield on,
+        ``self.prompt_logprobs`` holds the prompt's (``tileinfer.prompt_logprobs``: None for the
+        first token); the whole prompt is then prefilled, none of it reused from the prefix cache."""
         assert max_new >= 1
         self.counters = DecodeCounters()
         self.draft_length.reset()
@@ -128,14 +135,16 @@ class Decoder:
         self.choice = self.plan.choose(self.sampler, len(ids), max_new, logprobs, self.kv.capacity)
         self.counters.loop = self.choice.loop
         strategy = self.strategies[self.choice.strategy]
-        self.counters.cached = self._begin(strategy, ids)
+        self.prompt_logprobs = None
+        self._scores = None if prompt_logprobs is None else PromptScores(ids, prompt_logprobs, self.steps.device)
+        self.counters.cached = self._begin(strategy, ids, reuse=self._scores is None)
         return self._decode(list(ids), max_new, frozenset(eos), strategy, 2 if self.choice.ahead else 1)
 
-    def _begin(self, strategy: Strategy, ids: Sequence[int]) -> int:
+    def _begin(self, strategy: Strategy, ids: Sequence[int], reuse: bool = True) -> int:
         """Cut the store to the prompt positions this generation keeps and return their number: the
-        prefix cache's (``PrefixCache.start``), as many of them as the strategy's proposer keeps
-        (``Proposer.begin``)."""
-        cached = self.prefix.start(ids)
+        prefix cache's (``PrefixCache.start``; none without ``reuse``), as many of them as the
+        strategy's proposer keeps (``Proposer.begin``)."""
+        cached = self.prefix.start(ids, reuse)
         proposer = strategy.proposer
         if proposer is None:
             return cached
@@ -159,7 +168,9 @@ class Decoder:
         proposer = strategy.proposer
         first = prefill(self.steps, self.sampling, ids, proposer.hidden_layers if proposer else (), self.who,
                         chunk=self.prefill_chunk, on_chunk=proposer.prompt_chunk if proposer else None,
-                        progress=self.progress, start=counters.cached)
+                        progress=self.progress, start=counters.cached, scores=self._scores)
+        if self._scores is not None:
+            self.prompt_logprobs, self._scores = self._scores.results(), None
         records.send(strategy.begin(ids, first, max_new, self.sampling))
         emitted, committed, done = 0, 0, False  # new tokens yielded; committed by the records read
         sequence, ended = list(ids), False  # the prompt and the tokens yielded; whether the loop ended in order

@@ -83,6 +83,7 @@ class Chunk:
     text: str | None
     stats: GenerationStats | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked for them
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # the first chunk's: params.prompt_logprobs
 
 
 @dataclass
@@ -91,11 +92,15 @@ class Generation:
     text: str | None  # their text up to the stop (params: skip_special_tokens, include_stop_str_in_output; None without a tokenizer)
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked for them
+    # one per prompt token (None for the first), when params.prompt_logprobs asked for them
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def to_dict(self) -> dict:
         out = {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
         if self.logprobs is not None:
             out["logprobs"] = [asdict(lp) for lp in self.logprobs]
+        if self.prompt_logprobs is not None:
+            out["prompt_logprobs"] = [None if lp is None else asdict(lp) for lp in self.prompt_logprobs]
         return out
 
 
@@ -200,7 +205,9 @@ class Engine:
         stops and logprobs. The generation ends at the first EOS of generation_config.json (unless
         ``ignore_eos``), token of ``stop_token_ids`` or stop string, or after ``max_tokens``. Logprobs
         are of the model's raw logits (before penalties and temperature, as vLLM returns them by
-        default); asking for them decodes sequentially (no pipelining).
+        default); asking for them decodes sequentially (no pipelining). ``params.prompt_logprobs``:
+        the first chunk carries the prompt's (``Chunk.prompt_logprobs``, None for the first prompt
+        token), computed in the prefill, which then runs the whole prompt (no prefix reuse).
 
         The keywords ``max_new_tokens``, ``ignore_eos``, ``logprobs`` and ``sampling`` (a sampler's
         full ``tileinfer.interfaces.SamplingParams``) are shorthands for fields of ``params``, to be
@@ -300,13 +307,14 @@ class Engine:
             out: list[int] = []
             start = time.perf_counter()
             run = self.decoder.run(ids, params.max_tokens or self.config.max_new_tokens, completion.stop_tokens,
-                                   params.logprobs)
+                                   params.logprobs, params.prompt_logprobs)
             try:
                 for tokens in run:
                     kept, text, done = completion.take(tokens)
                     out += kept
                     yield Chunk(kept, text, logprobs=self.decoder.logprobs[:len(kept)]
-                                if params.logprobs is not None else None)
+                                if params.logprobs is not None else None,
+                                prompt_logprobs=None if len(out) > len(kept) else self.decoder.prompt_logprobs)
                     if done:
                         break
             finally:
@@ -345,11 +353,13 @@ class Engine:
         pieces: list[str] = []
         stats = None
         lps: list[TokenLogprob] | None = None
+        prompt_lps = None
         for chunk in stream:
+            prompt_lps = prompt_lps or chunk.prompt_logprobs
             out += chunk.token_ids
             stats = chunk.stats or stats
             if chunk.text is not None:
                 pieces.append(chunk.text)
             if chunk.logprobs is not None:
                 lps = (lps or []) + chunk.logprobs
-        return Generation(out, "".join(pieces) if pieces else None, stats, lps)
+        return Generation(out, "".join(pieces) if pieces else None, stats, lps, prompt_lps)

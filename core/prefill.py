@@ -18,6 +18,10 @@ On a terminal (``progress`` and stderr a TTY), a prompt of more than one chunk s
 ``prefill 8192/32768 tokens`` on stderr, updated as the device finishes each chunk (on a GPU the
 host waits for chunk ``i`` only after it enqueued chunk ``i + 1``, so the device never idles for
 it) and erased when the prefill is over.
+
+Given ``scores`` (``tileinfer.prompt_logprobs.PromptScores``: the prompt's log-probabilities were
+asked for) every chunk runs eagerly with every row's logits, at most ``SCORING_CHUNK`` tokens, and
+is reduced to the requested values before the next one runs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tqdm.auto import tqdm
 
 from tileinfer.interfaces import ForwardPass, KVStore, Step
 from tileinfer.prefill_graphs import PrefillGraphs
+from tileinfer.prompt_logprobs import SCORING_CHUNK, PromptScores
 
 ChunkCallback = Callable[[list[int], int, dict[int, torch.Tensor]], None]
 
@@ -46,7 +51,7 @@ def progress_line(total: int, shown: bool) -> tqdm:
 def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, chunk: int,
                     capture: Collection[int] = (), on_chunk: ChunkCallback | None = None,
                     progress: bool = False, graphs: PrefillGraphs | None = None,
-                    start: int = 0) -> torch.Tensor:
+                    start: int = 0, scores: PromptScores | None = None) -> torch.Tensor:
     """Run the prompt ``ids`` from position ``start`` (the KV store holding ``ids[:start]`` at
     least, ``0 <= start < len(ids)``; what it holds past ``start`` is dropped) in steps of at most
     ``chunk`` tokens; returns the float32 logits ``[1, V]`` after its last token, on the device
@@ -56,7 +61,8 @@ def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, ch
     after each chunk (``tokens`` the chunk's ids, at positions ``start ..``; ``hidden`` ``[len(tokens),
     hidden_size]`` per layer). ``progress``: show the progress line when stderr is a terminal and the
     prompt takes more than one chunk. ``graphs``: the prefill graphs to replay the chunks from (None:
-    every chunk eagerly).
+    every chunk eagerly). ``scores``: filled with the prompt's logprobs, chunk by chunk (see the
+    module; from ``start``, which must then be 0).
     The KV store ends holding exactly the prompt (``kv.length == len(ids)``). A proposer fed by
     ``on_chunk`` sees the chunks from ``start`` only.
     """
@@ -64,6 +70,9 @@ def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, ch
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     ids = list(ids)
     total = len(ids)
+    if scores is not None:
+        assert start == 0, "a scored prompt is prefilled whole"
+        chunk, graphs = min(chunk, SCORING_CHUNK), None
     if not 0 <= start < total or start > kv.length:
         raise ValueError(f"a prefill from {start} of {total} tokens needs the store to hold {start}, not {kv.length}")
     kv.truncate(start)  # positions past it are the prompt's to write
@@ -76,7 +85,13 @@ def chunked_prefill(forward: ForwardPass, kv: KVStore, ids: Sequence[int], *, ch
     try:
         for first in range(start, total, chunk):
             end = min(first + chunk, total)
-            logits, hidden = _chunk(forward, kv, tokens[first:end], first, chunk, capture, end == total, graphs)
+            if scores is None:
+                logits, hidden = _chunk(forward, kv, tokens[first:end], first, chunk, capture, end == total, graphs)
+            else:
+                logits, hidden = forward(tokens[first:end], Step.at(first, end - first, forward.device), kv,
+                                         capture=capture)
+                scores.add(first, logits)
+                logits = logits[-1:].clone()  # the chunk's [T, V] is freed before the next one runs
             if on_chunk is not None:
                 on_chunk(ids[first:end], first, hidden)
             del hidden

@@ -45,7 +45,10 @@ class SamplingParams:
 
     Output: ``skip_special_tokens`` leaves special tokens out of the text; ``logprobs``: each
     token's log-probability and the ``logprobs`` most likely tokens of its position (0 to 20;
-    ``None``: none).
+    ``None``: none); ``prompt_logprobs``: the same for each prompt token (0 to 20: top tokens per
+    position; ``None``: none), on ``Generation.prompt_logprobs``, None for the first prompt token.
+    Computed in the prefill, chunk by chunk (``tileinfer.prompt_logprobs``): such a generation
+    prefills its whole prompt, reusing none of it from the prefix cache.
     """
 
     max_tokens: int | None = None
@@ -64,6 +67,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -84,11 +88,12 @@ class SamplingParams:
         for key in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, key), bool):
                 raise UsageError(f"{key}={getattr(self, key)!r} is not valid: must be True or False")
-        logprobs = self.logprobs
-        if logprobs is not None and (not isinstance(logprobs, numbers.Integral) or isinstance(logprobs, bool)
-                                     or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-            raise UsageError(f"logprobs={logprobs!r} is not valid: must be None or an integer in "
-                             f"[0, {MAX_TOP_LOGPROBS}] (top tokens per position)")
+        for key in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_TOP_LOGPROBS):
+                raise UsageError(f"{key}={value!r} is not valid: must be None or an integer in "
+                                 f"[0, {MAX_TOP_LOGPROBS}] (top tokens per position)")
 
     def resolved(self, defaults: SamplerParams) -> SamplerParams:
         """The sampler's params: ``defaults`` (the engine's) with the fields set here."""

@@ -26,6 +26,7 @@ from tileinfer.graph_capture import cuda_graph_capture, measured_capture
 from tileinfer.interfaces import ForwardPass, KVStore, Step
 from tileinfer.prefill import ChunkCallback, chunked_prefill
 from tileinfer.prefill_graphs import MAX_GRAPH_TOKENS, PrefillGraphs
+from tileinfer.prompt_logprobs import PromptScores
 
 Outputs = tuple[torch.Tensor, dict[int, torch.Tensor]]
 
@@ -89,11 +90,12 @@ class StepRunner:
         return outputs
 
     def prefill(self, ids: Sequence[int], *, chunk: int, capture: Collection[int] = (),
-                on_chunk: ChunkCallback | None = None, progress: bool = False, start: int = 0) -> torch.Tensor:
+                on_chunk: ChunkCallback | None = None, progress: bool = False, start: int = 0,
+                scores: PromptScores | None = None) -> torch.Tensor:
         """``tileinfer.prefill.chunked_prefill`` of ``ids`` from ``start`` (the store holding
-        ``ids[:start]``) over this runner's prefill graphs (if any)."""
+        ``ids[:start]``) over this runner's prefill graphs (if any; not while ``scores`` are kept)."""
         return chunked_prefill(self.forward_pass, self.kv, ids, chunk=chunk, capture=capture, on_chunk=on_chunk,
-                               progress=progress, graphs=self.prefill_graphs, start=start)
+                               progress=progress, graphs=self.prefill_graphs, start=start, scores=scores)
 
     def capture(self, token_counts: Collection[int]) -> None:
         """Capture the graphs of ``token_counts`` now (when the engine is built: 1, and 1 + spec_k
