@@ -37,7 +37,8 @@ CHECKS = {
     "ttft": [(330, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", *TTFT_NAMES, "--workload",
                     "prefill1024"]),
              (260, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--workload", "prefill8192",
-                    "--workload", "prefill32768", "--no-peers"])],
+                    "--workload", "prefill32768", "--workload", "prefill50", "--workload", "prefill50_after4000",
+                    "--no-peers"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8}
 

@@ -212,7 +212,8 @@ def row(*, shape: str, workload: Workload, mc: ModelConfig, name: str, part: str
                                      limits["copy_bandwidth_tb_s"] * 1e12, **(layout or {}))
         out.update(roofline_tok_s=roof, roofline_fraction=value / roof)
     else:
-        tflops = prefill_flops(mc, workload.prompt_tokens)["total"] / (value / 1e3) / 1e12
+        new = workload.prompt_tokens - workload.cached
+        tflops = prefill_flops(mc, new, workload.cached)["total"] / (value / 1e3) / 1e12
         out.update(tflops=tflops, peak_fraction=tflops / limits["matmul_peak_tflops"])
     return out
 

@@ -117,6 +117,8 @@ class HFRunner:
         return token_arrivals(self.model, ids, new, **self.kwargs)
 
     def sample(self, workload: Workload) -> Callable[[], float]:
+        if workload.cached:
+            raise NotImplementedError("this peer's runner keeps no KV cache across generations (no prefix reuse)")
         prompt = random_prompt(workload.prompt_tokens, self.model.config.vocab_size)
         ids = torch.tensor([prompt], device=self.device)
         if workload.kind == "prefill":

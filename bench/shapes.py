@@ -147,9 +147,10 @@ def decode_roofline_tok_s(mc: ModelConfig, prompt: int, new: int, bandwidth: flo
     return bandwidth / decode_step_bytes(mc, prompt + new / 2, **layout)
 
 
-def prefill_flops(mc: ModelConfig, tokens: int) -> dict[str, float]:
-    """FLOPs of a causal prefill of ``tokens`` from position 0: ``gemm``, ``attention``, ``total``."""
+def prefill_flops(mc: ModelConfig, tokens: int, start: int = 0) -> dict[str, float]:
+    """FLOPs of a causal prefill of ``tokens`` after ``start`` cached positions: ``gemm``,
+    ``attention``, ``total``."""
     layer = sum(o * i for o, i in layer_linear_shapes(mc))
     gemm = 2.0 * tokens * layer * mc.num_layers + 2.0 * mc.vocab_size * mc.hidden_size  # lm_head: last token
-    attention = 4.0 * tokens * tokens / 2 * mc.num_heads * mc.head_dim * mc.num_layers
+    attention = 4.0 * tokens * (start + tokens / 2) * mc.num_heads * mc.head_dim * mc.num_layers
     return {"gemm": gemm, "attention": attention, "total": gemm + attention}

@@ -179,8 +179,10 @@ def main(args) -> int:
 
 
 def summary_table(rows: list[dict]) -> str:
-    """Per task and proposer: mean tok/s, speedup over plain decoding, tokens per step, acceptance,
-    the loops that ran; the best k of each proposer marked with *."""
+    """Per task and proposer: mean time to first token (the prefill, with the proposer's own pass
+    over the prompt: a draft model's or DFlash drafter's context), tok/s, speedup over plain
+    decoding, tokens per step, acceptance, the loops that ran; the best k of each proposer marked
+    with *."""
     from .report import markdown
 
     def mean(values) -> float | None:
@@ -203,11 +205,13 @@ def summary_table(rows: list[dict]) -> str:
         for label in labels:
             of = [r for r in mine if r["label"] == label]
             star = "*" if "@" in label and best.get(label.split("@")[0]) == label else ""
-            body.append([task, label + star, fmt(tok_s[label], ".1f"), fmt(mean(r["speedup"] for r in of), ".2f"),
+            body.append([task, label + star, fmt(mean(r["prefill_ms"] for r in of), ".1f"),
+                         fmt(tok_s[label], ".1f"), fmt(mean(r["speedup"] for r in of), ".2f"),
                          fmt(mean(r["tokens_per_step"] for r in of), ".2f"),
                          fmt(mean(r["acceptance"] for r in of), ".0%"),
                          "/".join(sorted({r["decode_loop"] for r in of}))])
-    return markdown(["task", "proposer", "tok/s", "speedup", "tok/step", "acceptance", "loop"], body)
+    return markdown(["task", "proposer", "first token ms", "tok/s", "speedup", "tok/step", "acceptance", "loop"],
+                    body)
 
 
 def tables() -> list:

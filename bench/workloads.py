@@ -22,6 +22,12 @@ Workloads (``workloads()``):
   unless told otherwise; ``ALL_NAMES`` holds every name). Like every prefill row, also given as
   TFLOP/s and a fraction of the measured matmul peak (bench/shapes.py: ``2 x`` the layers'
   parameters ``x`` tokens, the lm_head for the last token, causal attention);
+- ``prefill50``, ``prefill50_after4000``: time to first token of a 50-token prompt, and of a
+  chat's follow-up turn: 50 new tokens after a 4,000-token history that the previous generation
+  left in the KV cache (each sample first generates one token after the history, then times the
+  history plus the 50 tokens: prefix reuse prefills the 50 only; FLOPs counted for those 50 after
+  4,000 positions). Not in the default matrix; the peers' runners keep no cache across
+  generations and record why they have no row;
 - ``decode128_ctxN``: 128 greedy tokens after an ``N``-token random prompt (``N`` cached
   positions): ``engine.generate(...).stats.decode_tok_s``, tokens after the first over the time
   from the first to the last, in tok/s.
@@ -112,6 +118,7 @@ class Workload:
     name: str
     prompt_tokens: int
     new_tokens: int  # 1 for a prefill
+    cached: int = 0  # prompt tokens a previous generation left in the KV cache (a chat's history)
 
     @property
     def kind(self) -> str:
@@ -128,15 +135,20 @@ class Workload:
 
 WARMUP_TOKENS = 8
 NAMES = ("prefill1024", "decode128_ctx1024", "decode128_ctx8192", "decode128_ctx32768")  # the default matrix
-TTFT_NAMES = ("prefill8192", "prefill32768")  # long prompts' time to first token, when asked for
+# time to first token, when asked for: long prompts, a short one and a follow-up turn after a history
+TTFT_NAMES = ("prefill8192", "prefill32768", "prefill50", "prefill50_after4000")
 ALL_NAMES = NAMES + TTFT_NAMES
 
 
 def workloads(short: bool = False) -> dict[str, Workload]:
     """Every workload by name, at full size or (``short``) at the CPU smoke sizes."""
     full = {"prefill1024": (1024, 1), "decode128_ctx1024": (1024, 128), "decode128_ctx8192": (8192, 128),
-            "decode128_ctx32768": (32768, 128), "prefill8192": (8192, 1), "prefill32768": (32768, 1)}
-    return {name: Workload(name, p // 32 if short else p, min(n, 8) if short else n) for name, (p, n) in full.items()}
+            "decode128_ctx32768": (32768, 128), "prefill8192": (8192, 1), "prefill32768": (32768, 1),
+            "prefill50": (50, 1)}
+    out = {name: Workload(name, p // 32 if short else p, min(n, 8) if short else n) for name, (p, n) in full.items()}
+    history = 4000 // 32 if short else 4000
+    out["prefill50_after4000"] = Workload("prefill50_after4000", history + 50, 1, cached=history)
+    return out
 
 
 def groups(chosen: list[Workload], spec_k: int, per_context: bool = True) -> list[tuple[int, list[Workload]]]:
@@ -197,6 +209,17 @@ class EngineRunner:
     def sample(self, workload: Workload) -> Callable[[], float]:
         engine = self.engine
         prompt = random_prompt(workload.prompt_tokens, engine.model_config.vocab_size)
+        if workload.cached:
+            history = prompt[:workload.cached]
+
+            def follow_up() -> float:
+                engine.generate(history, max_new_tokens=1, ignore_eos=True)
+                stats = engine.generate(prompt, max_new_tokens=1, ignore_eos=True).stats
+                if stats.cached_tokens != workload.cached:
+                    raise RuntimeError(f"the follow-up reused {stats.cached_tokens} of {workload.cached} cached tokens")
+                return stats.prefill_ms
+
+            return follow_up
         if workload.kind == "prefill":
             return lambda: engine.generate(prompt, max_new_tokens=1, ignore_eos=True).stats.prefill_ms
         # Benchmarks decode the full count: a random prompt on a real model may reach an EOS early.

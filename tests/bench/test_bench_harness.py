@@ -1,5 +1,6 @@
-"""The benchmark harness without an engine run: the matrix's failure lines, the warm-up rule of
-bench/workloads.py, bench/timing.py on a CPU, the rooflines of bench/shapes.py, the command line."""
+"""The benchmark harness: the matrix's failure lines, the warm-up rule of bench/workloads.py,
+bench/timing.py on a CPU, the rooflines of bench/shapes.py, the command line; one engine run, the
+follow-up turn's workload on a tiny checkpoint."""
 
 from __future__ import annotations
 
@@ -94,6 +95,28 @@ def test_long_prompt_ttft_workloads_are_prefills_outside_the_default_matrix():
     flops = 2 * 32768 * linear_params(s) * s["num_hidden_layers"] + 2 * s["vocab_size"] * s["hidden_size"] \
         + 4 * 32768**2 / 2 * s["num_attention_heads"] * s["head_dim"] * s["num_hidden_layers"]
     assert row["tflops"] == pytest.approx(flops / 1e12) and row["peak_fraction"] == pytest.approx(flops / 1e12 / 790)
+
+
+def test_the_follow_up_turn_prefills_only_its_new_tokens(tiny_checkpoint):
+    """prefill50_after4000: each sample leaves the history in the cache and times the 50 new tokens
+    after it (the sample fails where the engine reused fewer); its FLOPs are those 50 tokens'
+    after the history's positions; a peer's runner refuses it in one line."""
+    w = workloads(short=True)["prefill50_after4000"]
+    assert (w.cached, w.prompt_tokens - w.cached, w.kind, w.unit) == (4000 // 32, 50, "prefill", "ms")
+    assert "prefill50" in TTFT_NAMES and w.name in TTFT_NAMES
+    runner = EngineRunner(tiny_checkpoint, [], ["kv_page_size=16"], w.positions())
+    try:
+        sample = runner.sample(w)
+        assert sample() > 0 and sample() > 0
+    finally:
+        runner.close()
+    mc = shapes.model_config("Qwen3-4B")
+    cold, follow = shapes.prefill_flops(mc, 4050), shapes.prefill_flops(mc, 50, 4000)
+    lm_head = 2.0 * mc.vocab_size * mc.hidden_size  # the last token's, in both
+    assert follow["gemm"] - lm_head == pytest.approx((cold["gemm"] - lm_head) * 50 / 4050)
+    assert follow["attention"] == pytest.approx(cold["attention"] - shapes.prefill_flops(mc, 4000)["attention"])
+    with pytest.raises(NotImplementedError, match="no KV cache across generations"):
+        peers.HFRunner.sample(None, w)
 
 
 def test_every_command_has_a_truthful_help(capsys):

@@ -64,7 +64,8 @@ def test_the_proposers_keep_the_greedy_tokens_and_figures_are_sane(result):
             assert positive(r["decode_tok_s"]) and positive(r["steps"]) and r["tokens_per_step"] >= 1
             assert r["label"] == "none" or positive(r["speedup"])
     table = speculative.summary_table(rows)
-    assert table.splitlines()[0] == "| task | proposer | tok/s | speedup | tok/step | acceptance | loop |"
+    assert table.splitlines()[0] == ("| task | proposer | first token ms | tok/s | speedup | tok/step | acceptance "
+                                     "| loop |")
     assert len(table.splitlines()) == 2 + 2 * 3  # two tasks, three proposers
 
 
@@ -89,7 +90,7 @@ def test_a_difference_is_a_failure_and_exit_status_1(checkpoint_factory, tmp_pat
     assert all((r["first_difference"] is None) == (r["label"] == "none") for r in rows)
     captured = capsys.readouterr()
     assert captured.err.count("FAILURE: ") == 6 and "FAILURE: edit asyncio_runners.py.txt: ngram" in captured.err
-    assert "| task | proposer | tok/s |" in captured.out
+    assert "| task | proposer | first token ms | tok/s |" in captured.out
 
 
 def parse(*argv: str):
