@@ -13,7 +13,7 @@ drafts on the device (``Proposer.draft_on_device``) and ``spec_k`` of at most 15
 loop; a proposer that drafts on the host only is verified eagerly. Each key that cannot apply says
 why in one notice. ``DecodePlan.choose`` then answers per generation, from its own settings: a
 generation that asks for logprobs is read eagerly (the host reads each step's logits); the device
-loop takes greedy generations without history-using penalties or logprobs whose tokens and
+loop takes greedy generations without history-using penalties, logprobs or logit_bias whose tokens and
 run-ahead fit the KV store and the proposer's reach, the others fall back to host drafting. A
 fallback carries its reason. The loop that ran is named in the stats (``decode_loop``): ``LOOPS``.
 """
@@ -99,10 +99,10 @@ class DecodePlan:
         return list(range(1, self.spec_k + 1)) if self.adaptive else [self.spec_k]
 
     def choose(self, sampler: Sampler, prompt_len: int, max_new: int, logprobs: int | None,
-               capacity: int) -> Choice:
+               capacity: int, *, logit_bias: bool = False) -> Choice:
         """The strategy and policy of a generation of ``max_new`` tokens after ``prompt_len`` with
         ``sampler``'s current params, ``logprobs`` (None: not asked for), over a KV store of
-        ``capacity`` positions."""
+        ``capacity`` positions; ``logit_bias``: the sampler adds a bias to the logits."""
         if self.strategy == "plain":
             if self.ahead and logprobs is not None:
                 return Choice("plain", False, "logprobs: the host reads each step's logits before the next step")
@@ -116,6 +116,8 @@ class DecodePlan:
             why.append("a penalty that reads the token history (the device loop keeps none)")
         if logprobs is not None:
             why.append("logprobs (the host reads each step's logits)")
+        if logit_bias:
+            why.append("logit_bias (the device loop verifies with the raw argmax)")
         room = loop_room(prompt_len, max_new, max(self.k_values))
         if room > capacity:
             why.append(f"the prompt, the reply and the loop's run-ahead need {room} positions, the KV store "

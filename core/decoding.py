@@ -118,21 +118,25 @@ class Decoder:
         self._scores: PromptScores | None = None
 
     def run(self, ids: Sequence[int], max_new: int, eos: Collection[int],
-            logprobs: int | None = None, prompt_logprobs: int | None = None) -> Iterator[list[int]]:
+            logprobs: int | None = None, prompt_logprobs: int | None = None, *,
+            logit_bias: bool = False) -> Iterator[list[int]]:
         """Prefill ``ids`` and decode after them; yields each step's committed tokens, the last
         list ending at the first token in ``eos`` or at the ``max_new``-th token. ``logprobs`` (top
         tokens per position): after each yield, ``self.logprobs`` holds the yielded tokens'
         (``sampling_step.TokenLogprob``); the host then reads each step before the next.
         ``prompt_logprobs`` (top tokens per position): from the first yield on,
         ``self.prompt_logprobs`` holds the prompt's (``tileinfer.prompt_logprobs``: None for the
-        first token); the whole prompt is then prefilled, none of it reused from the prefix cache."""
+        first token); the whole prompt is then prefilled, none of it reused from the prefix cache.
+        ``logit_bias``: the sampler adds a bias to the logits (``tileinfer.logit_bias``), which the
+        device loop does not."""
         assert max_new >= 1
         self.counters = DecodeCounters()
         self.draft_length.reset()
         self.sampler.generator.manual_seed(self.sampler.params.seed)
         self.sampling = SamplingStep(self.sampler, ids, len(ids) + max_new + self.plan.spec_k + 2, logprobs)
         self.logprobs = []
-        self.choice = self.plan.choose(self.sampler, len(ids), max_new, logprobs, self.kv.capacity)
+        self.choice = self.plan.choose(self.sampler, len(ids), max_new, logprobs, self.kv.capacity,
+                                       logit_bias=logit_bias)
         self.counters.loop = self.choice.loop
         strategy = self.strategies[self.choice.strategy]
         self.prompt_logprobs = None

@@ -33,6 +33,7 @@ from tileinfer.decoding import Decoder, build_decoder
 from tileinfer.errors import UsageError
 from tileinfer.interfaces import Proposer, ProposerContext
 from tileinfer.interfaces import SamplingParams as SamplerParams
+from tileinfer.logit_bias import LogitBias
 from tileinfer.memory import tensor_bytes
 from tileinfer.model_loader import Implementations, load_model
 from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
@@ -158,7 +159,8 @@ class Engine:
             context = ProposerContext(self.model, self.sampler, config, self.registry,
                                       implementation_options(config, "proposer", self.registry), self.checkpoint)
             self.proposer = self.registry.get("proposer", config.proposer)(context)
-        self.stop_ban = StopTokenBan(self.sampler)  # the decoder's sampler: min_tokens bans the stop tokens early
+        self.logit_bias = LogitBias(self.sampler)  # a generation's logit_bias, added before the sampler's stages
+        self.stop_ban = StopTokenBan(self.logit_bias)  # the decoder's sampler: min_tokens bans the stop tokens early
         self.decoder = self._build_decoder()
         self._busy = threading.Lock()
 
@@ -286,6 +288,9 @@ class Engine:
         outside = [t for t in params.stop_token_ids if t >= mc.vocab_size]
         if outside:
             raise UsageError(f"stop_token_ids: {outside[0]} is outside the vocabulary [0, {mc.vocab_size})")
+        outside = [t for t in params.logit_bias or () if t >= mc.vocab_size]
+        if outside:
+            raise UsageError(f"logit_bias: {outside[0]} is outside the vocabulary [0, {mc.vocab_size})")
         if params.stop and self.tokenizer is None:
             raise UsageError(f"stop strings need a tokenizer ({self.folder} has no tokenizer.json): use stop_token_ids")
         return ids
@@ -304,10 +309,11 @@ class Engine:
             self.sampler.params = params.resolved(self.default_sampling)
             completion = Completion(params, self.model_config.eos_token_ids, self.tokenizer)
             self.stop_ban.ban(completion.stop_tokens, params.min_tokens)
+            self.logit_bias.set(params.logit_bias)
             out: list[int] = []
             start = time.perf_counter()
             run = self.decoder.run(ids, params.max_tokens or self.config.max_new_tokens, completion.stop_tokens,
-                                   params.logprobs, params.prompt_logprobs)
+                                   params.logprobs, params.prompt_logprobs, logit_bias=self.logit_bias.active)
             try:
                 for tokens in run:
                     kept, text, done = completion.take(tokens)

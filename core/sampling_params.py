@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from tileinfer.config import SAMPLING_KEYS, check_sampling
 from tileinfer.errors import ConfigError, UsageError
 from tileinfer.interfaces import SamplingParams as SamplerParams
+from tileinfer.logit_bias import check_logit_bias
 from tileinfer.sampling_step import MAX_TOP_LOGPROBS
 
 MAX_STOPS = 16  # stop strings per generation (each is searched for at every token)
@@ -49,6 +50,10 @@ class SamplingParams:
     position; ``None``: none), on ``Generation.prompt_logprobs``, None for the first prompt token.
     Computed in the prefill, chunk by chunk (``tileinfer.prompt_logprobs``): such a generation
     prefills its whole prompt, reusing none of it from the prefix cache.
+
+    ``logit_bias``: ``{token id: bias}``, each bias -100 to 100, added to those tokens' logits before
+    the penalties, temperature and truncations (OpenAI's ``logit_bias``; ``tileinfer.logit_bias``);
+    logprobs stay the raw model's.
     """
 
     max_tokens: int | None = None
@@ -68,6 +73,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -94,6 +100,7 @@ class SamplingParams:
                                       or not 0 <= value <= MAX_TOP_LOGPROBS):
                 raise UsageError(f"{key}={value!r} is not valid: must be None or an integer in "
                                  f"[0, {MAX_TOP_LOGPROBS}] (top tokens per position)")
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
 
     def resolved(self, defaults: SamplerParams) -> SamplerParams:
         """The sampler's params: ``defaults`` (the engine's) with the fields set here."""

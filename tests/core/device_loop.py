@@ -72,7 +72,7 @@ def rebuild(engine: tileinfer.Engine, plan: DecodePlan | None = None, *, step_ca
                        prefill=prefill)
     loop = (SpeculativeLoop(forward, engine.kv, proposer, plan.k_values, capture=loop_capture)
             if plan.strategy == "device" else None)
-    engine.decoder = Decoder(steps, engine.sampler, plan, loop=loop, prefill_chunk=engine.config.prefill_chunk)
+    engine.decoder = Decoder(steps, engine.decoder.sampler, plan, loop=loop, prefill_chunk=engine.config.prefill_chunk)
     return engine
 
 

@@ -1,0 +1,105 @@
+"""Logit bias (``SamplingParams.logit_bias``, OpenAI's ``logit_bias``): a value added to chosen
+tokens' logits before anything else of sampling, on the device.
+
+``LogitBias`` stands in front of the engine's sampler (any Sampler plugin) as ``StopTokenBan``
+does (``tileinfer.stops``): it adds a generation's bias to the float32 logits of every row, then
+hands them on, so the penalties, temperature, top-k/p, min-p and greedy's argmax all see the
+biased logits: +100 makes a token all but certain, -100 all but impossible (OpenAI's scale: a
+value of -100 to 100 per token id). Logprobs stay those of the raw logits (``tileinfer.sampling_step``).
+
+The device-resident speculative loop verifies with the raw argmax and takes no bias: a generation
+with a bias runs host drafting instead (``tileinfer.decode_plan.DecodePlan.choose``, which says so).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+
+import torch
+
+from tileinfer.errors import UsageError
+from tileinfer.interfaces import Sample, Sampler, SamplingParams as SamplerParams, TokenHistory
+
+MAX_BIAS = 100.0
+
+
+def check_logit_bias(value: object) -> dict[int, float] | None:
+    """``None`` or ``{token id (int >= 0): bias (a finite number in [-100, 100])}`` as a new dict of
+    floats; UsageError naming ``logit_bias`` otherwise (an empty mapping is None: no bias)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise UsageError(f"logit_bias={value!r} is not valid: must be a mapping of token ids to biases")
+    out: dict[int, float] = {}
+    for token, bias in value.items():
+        if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
+            raise UsageError(f"logit_bias is not valid: {token!r} is not a token id (an integer >= 0)")
+        if not isinstance(bias, numbers.Real) or isinstance(bias, bool) or not math.isfinite(bias) \
+                or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise UsageError(f"logit_bias is not valid: the bias of token {token} is {bias!r}, not a number in "
+                             f"[-{MAX_BIAS:g}, {MAX_BIAS:g}]")
+        out[int(token)] = float(bias)
+    return out or None
+
+
+class LogitBias(Sampler):
+    """``sampler`` with a generation's logit bias (``set``) added to the logits it is given."""
+
+    def __init__(self, sampler: Sampler) -> None:  # noqa: D107 - no options of its own: the sampler's
+        self.sampler = sampler
+        self.ids: torch.Tensor | None = None  # [B] int64 on the device
+        self.values: torch.Tensor | None = None  # [B] float32
+
+    def set(self, bias: Mapping[int, float] | None) -> None:
+        """The bias of the next generation (None or empty: none); ids checked against the
+        vocabulary by the caller."""
+        if not bias:
+            self.ids = self.values = None
+            return
+        device = self.sampler.device
+        self.ids = torch.tensor(list(bias), dtype=torch.int64, device=device)
+        self.values = torch.tensor(list(bias.values()), dtype=torch.float32, device=device)
+
+    @property
+    def active(self) -> bool:
+        return self.ids is not None
+
+    @property
+    def params(self) -> SamplerParams:
+        return self.sampler.params
+
+    @property
+    def device(self) -> torch.device:
+        return self.sampler.device
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self.sampler.generator
+
+    @property
+    def uses_history(self) -> bool:
+        return self.sampler.uses_history
+
+    def biased(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` ``[T, V]`` with the bias added to its columns (a copy; the same tensor without a bias)."""
+        if self.ids is None:
+            return logits
+        logits = logits.clone()
+        logits[:, self.ids] += self.values
+        return logits
+
+    def probs(self, logits: torch.Tensor, history: TokenHistory | None = None) -> torch.Tensor:
+        logits = self.biased(logits)
+        return self.sampler.probs(logits) if history is None else self.sampler.probs(logits, history=history)
+
+    def sample(self, logits: torch.Tensor, history: TokenHistory | None = None, *,
+               return_probs: bool = False) -> Sample:
+        logits = self.biased(logits)
+        if history is None:
+            return self.sampler.sample(logits, return_probs=return_probs)
+        return self.sampler.sample(logits, history=history, return_probs=return_probs)
+
+
+__all__ = ["LogitBias", "MAX_BIAS", "check_logit_bias"]
