@@ -89,7 +89,8 @@ def continuation_reply(tail: str) -> str:
 
 
 def chatml(messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-    """The shipped chat template (models/tokenizer.py CHAT_TEMPLATE) in Python."""
+    """The shipped chat template (Qwen3's, models/chat_template.jinja) in Python, for messages
+    without tools or thinking whose last user message is not followed by an assistant's."""
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 

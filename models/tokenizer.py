@@ -13,9 +13,9 @@ Fixed low ids do not move when the vocabulary size changes.
 target's ~12.6M parameters and two thirds of the draft's; code needs fewer distinct pieces than
 prose. The cost is ~10 % more tokens per byte than 16,384 would give.
 
-Saved with transformers' ``PreTrainedTokenizerFast.save_pretrained`` together with a ChatML chat
-template (Qwen3's, without the thinking and tool parts): tokenizer.json, tokenizer_config.json and
-chat_template.jinja. The BPE is trained on an evenly spaced sample of the training files
+Saved with transformers' ``PreTrainedTokenizerFast.save_pretrained`` together with Qwen3's chat
+template (models/chat_template.jinja: tools, tool messages and thinking rendered as Qwen3 renders
+them): tokenizer.json, tokenizer_config.json and chat_template.jinja. The BPE is trained on an evenly spaced sample of the training files
 (``--sample-mb``), which keeps it to well under a minute.
 """
 
@@ -34,14 +34,10 @@ ENDOFTEXT, IM_START, IM_END = 0, 1, 2
 # Qwen2/Qwen3's pre-tokenizer split (tokenizer.json of Qwen/Qwen3-0.6B).
 SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
          r"|\s+(?!\S)|\s+")
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}\n"
-    "    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\n"
-    "{%- endfor %}\n"
-    "{%- if add_generation_prompt %}\n"
-    "    {{- '<|im_start|>assistant\\n' }}\n"
-    "{%- endif %}\n"
-)
+# Qwen3's chat template (tokenizer_config.json of Qwen/Qwen3-0.6B): system, user, assistant and tool
+# messages, tools, reasoning_content and enable_thinking. The training examples (data.py) have
+# neither tools nor thinking; for those it writes plain ChatML (prompts.chatml).
+CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text(encoding="utf-8")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 

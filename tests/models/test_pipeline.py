@@ -86,7 +86,8 @@ def test_tokenizer_round_trips_and_has_the_special_tokens(pipeline):
     for doc in corpus.read_docs(pipeline["folder"] / "corpus", "heldout"):
         ids = tok.encode(doc["text"], add_special_tokens=False).ids
         assert tok.decode(ids, skip_special_tokens=False) == doc["text"]
-    messages = [{"role": "user", "content": "hi\n  there"}, {"role": "assistant", "content": "ok"}]
+    messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hi\n  there"},
+                {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
     hf = AutoTokenizer.from_pretrained(folder)
     ours = TileTokenizer.from_folder(folder)
     expected = prompts.chatml(messages)
