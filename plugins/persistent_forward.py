@@ -12,7 +12,8 @@ from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, St
                                                        resident_programs)
 from tileinfer.backends.triton.persistent import launch_persistent_step
 from tileinfer.interfaces import ForwardPass, KVStore, RunSpec, Step
-from tileinfer.model import Qwen3Model, stack_forward
+from tileinfer.model import stack_forward
+from tileinfer.model_config import ModelConfig
 from tileinfer.notices import notice
 from tileinfer.options import Option
 
@@ -73,9 +74,10 @@ class PersistentForward(ForwardPass):
         self._note(self.reason)
 
     def _model_reason(self, model) -> str | None:
-        if not isinstance(model, Qwen3Model):
+        c = stack_config(model)
+        if c is None:
             return f"it runs Qwen3 decoder stacks, not {type(model).__name__}"
-        c, layers = model.config, model.layers
+        layers = model.layers
         if c.head_dim < 16 or c.head_dim & (c.head_dim - 1):
             return f"head_dim {c.head_dim} is not a power of two >= 16"
         group = c.num_heads // c.num_kv_heads
@@ -89,10 +91,10 @@ class PersistentForward(ForwardPass):
             return "the layers' linears store their weights in different formats"
         return None
 
-    def _shape(self, model: Qwen3Model) -> StepShape:
+    def _shape(self, model) -> StepShape:
         """The options' tiles; under the interpreter, which runs the work items one after another
         at a fixed cost each, at least 64 columns a GEMV tile and at most 2 splits a kv head."""
-        c, o = model.config, self.options
+        c, o = stack_config(model), self.options
         block_n, splits = tuple(int(x) for x in o["block_n"].split(",")), o["num_splits"]
         if interpreted(model.device):
             block_n, splits = tuple(max(b, 64) for b in block_n), min(splits, 2)
@@ -128,7 +130,7 @@ class PersistentForward(ForwardPass):
                                  k_norm=layer.attention.k_norm_weight, k_pages=page.k, v_pages=page.v,
                                  k_scale=page.k_scale, v_scale=page.v_scale, k_smooth=page.k_smooth))
             table = layer_pointer_table(rows, m.device)
-            bufs = StepBuffers.allocate(self.shape, m.dtype, m.device, captures=len(m.layers))
+            bufs = StepBuffers.allocate(self.shape, m.embed.dtype, m.device, captures=len(m.layers))
             self._bound = (kv, table, bufs)
             self._plans.clear()
         return self._bound[1], self._bound[2]
@@ -138,8 +140,6 @@ class PersistentForward(ForwardPass):
             return self.reason
         if kv.storage not in ("dtype", "int8"):
             return f"KV pages stored as {kv.storage} are not covered yet"
-        if not step.causal:
-            return "non-causal steps (a block drafter's) are not covered"
         return None
 
     def __call__(self, token_ids: torch.Tensor, step: Step, kv: KVStore, *, capture: Collection[int] = (),
@@ -173,11 +173,12 @@ class PersistentForward(ForwardPass):
         lm = m.lm_head
         args = (plan, self.shape, bufs, table, step.positions, self._bound[0].block_table, layer0.attention.rope.cos,
                 layer0.attention.rope.sin, lm.weight, lm.scale, lm.norm.weight, layer0.qkv.weight,
-                tuple(kv_pages.k.stride()[:3]), m.config.rms_norm_eps)
+                tuple(kv_pages.k.stride()[:3]), stack_config(m).rms_norm_eps)
         scales = (0, 0) if kv_pages.k_scale is None else tuple(kv_pages.k_scale.stride()[:2])
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
-                      max_registers=self.options["max_registers"], timeline=self._timeline(plan))
+                      max_registers=self.options["max_registers"], timeline=self._timeline(plan),
+                      causal=step.causal)
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)
@@ -205,6 +206,16 @@ class PersistentForward(ForwardPass):
             notice(f"forward=persistent: {per_sm} programs per multiprocessor fit "
                    f"(options.persistent.programs_per_sm={self.options['programs_per_sm']})")
         return sms * per_sm
+
+
+def stack_config(model) -> ModelConfig | None:
+    """The ModelConfig of a decoder stack the kernel runs (``embed``, ``layers`` of qkv / attention /
+    o_proj / gate_up / down, ``lm_head``: a Qwen3Model, or the DFlash drafter, whose ``config.model``
+    it is), or None for anything else."""
+    config = getattr(model, "config", None)
+    config = config if isinstance(config, ModelConfig) else getattr(config, "model", None)
+    stack = all(hasattr(model, name) for name in ("embed", "layers", "lm_head"))
+    return config if isinstance(config, ModelConfig) and stack else None
 
 
 def _scale(linear) -> torch.Tensor:

@@ -72,7 +72,7 @@ def _now():
 @triton.jit
 def _persistent_step_kernel(
     items_ptr, n_items, counters_ptr, n_counters, layer_ptrs, timeline_ptr,
-    pos_ptr, T, eps, qk_scale,
+    pos_ptr, T, causal, eps, qk_scale,
     h_ptr, qkv_ptr, q_ptr, attn_ptr, act_ptr, logits_ptr, cap_ptr, part_ptr, stat_ptr,
     bt_ptr, cos_ptr, sin_ptr, stride_cs, lm_w_ptr, lm_s_ptr, final_norm_ptr, w_example_ptr,
     stride_kp, stride_kh, stride_ks, stride_sp, stride_sh,
@@ -118,7 +118,8 @@ def _persistent_step_kernel(
             wait_for(c + 1 + kv_head, 1)
             k_pages, v_pages, k_scale, v_scale, smooth = _kv(layer_ptrs, layer, act_ty, KV_INT8)
             combined = attention_item(q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr, part_ptr,
-                                      stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T, kv_head, index % NUM_SPLITS,
+                                      stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T, causal, kv_head,
+                                      index % NUM_SPLITS,
                                       qk_scale, stride_kp, stride_kh, stride_ks, stride_sp, stride_sh, H, HKV, D,
                                       GROUP, PAGE_SIZE, NUM_SPLITS, CHUNK, ATTN_BLOCK, KV_INT8, SMOOTH, UPCAST,
                                       DOT_PRECISION)
@@ -162,7 +163,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
-                           warmup: bool = False):
+                           causal: bool = True, warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -173,7 +174,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     float32 ``[D]`` smoothing where ``shape.k_smooth``). ``lm_w`` (``lm_s`` its scales where int8)
     and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
-    its own choice (up to 255). ``timeline``: int64 ``[n_items, 3]``, where each item's program, start
+    its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
+    tokens (a block drafter's step). ``timeline``: int64 ``[n_items, 3]``, where each item's program, start
     and end (ns of the GPU's global timer) are written (profiling; None: not). ``warmup``: compile,
     do not run; returns the compiled kernel (for :func:`resident_programs`). FMA contraction is off:
     the 1-token step (T compiled as a constant) and the others round alike."""
@@ -184,7 +186,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     dummy = bufs.stat
     args = (plan.items, plan.items.shape[0], bufs.counters, bufs.counters.numel(), layer_ptrs,
             bufs.counters if timeline is None else timeline,
-            positions, t, eps, s.head_dim ** -0.5 * 1.4426950408889634,
+            positions, t, int(causal), eps, s.head_dim ** -0.5 * 1.4426950408889634,
             act, bufs.qkv, bufs.q, bufs.attn, bufs.act, bufs.logits, bufs.capture, bufs.part, bufs.stat,
             block_table, cos, sin, cos.stride(0), lm_w, lm_s if lm_int8 else dummy, final_norm, layer_weight,
             *page_strides, *scale_strides)

@@ -198,13 +198,14 @@ def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smoo
 
 @triton.jit
 def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, part_ptr, stat_ptr, out_ptr,
-                   split_counter, T, kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks, stride_sp, stride_sh,
-                   H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
+                   split_counter, T, causal, kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks, stride_sp,
+                   stride_sh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
                    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
                    BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr, UPCAST: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
-    """Split ``split`` of kv head ``kv_head``'s causal attention for the step's ``T`` query tokens
-    (q ``[16, H, D]``), over the keys of chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions
+    """Split ``split`` of kv head ``kv_head``'s attention for the step's ``T`` query tokens (q
+    ``[16, H, D]``; causal where ``causal`` != 0, else each query sees all the step's keys too: a
+    block drafter's step), over the keys of chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions
     each) below ``start + T``. Its float32 partials (``acc`` ``[BLOCK_M, D]``, max and sum) go to
     the scratch ``part`` ``[HKV, NUM_SPLITS, BLOCK_M, D]`` and ``stat`` ``[2, HKV, NUM_SPLITS,
     BLOCK_M]``; the kv head's last split to count itself in ``split_counter`` combines them in
@@ -220,13 +221,14 @@ def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, 
         q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
     start = tl.load(pos_ptr).to(tl.int32)
     length = start + T
-    qpos = start + tok
+    qpos = tl.where(causal != 0, start + tok, length - 1)  # non-causal: every row sees every key of the step
+    seen = tl.where(causal != 0, start + 1, length)  # the keys every row sees
     k_base, v_base, ks_base, vs_base = kv_head_bases(k_pages, v_pages, ks_ptr, vs_ptr, kv_head, stride_kh, stride_kh,
                                                      stride_sh)
     acc, l_i, m_i = empty_state(BLOCK_M, D)
     for lo in range(split * CHUNK, length, NUM_SPLITS * CHUNK):
         hi = tl.minimum(lo + CHUNK, length)
-        full_end = lo + (tl.maximum(tl.minimum(hi, start + 1) - lo, 0) // BLOCK_N) * BLOCK_N
+        full_end = lo + (tl.maximum(tl.minimum(hi, seen) - lo, 0) // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
                                      stride_ks, stride_kp, stride_ks, stride_sp, qpos, lo, full_end, hi, qk_scale,
                                      offs_d, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST, DOT_PRECISION)

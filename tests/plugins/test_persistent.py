@@ -5,8 +5,9 @@ order (each counter already at its target when checked), float32. Its GEMV tiles
 ``tl.dot`` over 16-row tiles and its attention over fixed chunks of positions, where the per-op
 step reduces in other orders (float32 rounding: logits and pages agree to 2e-5 here, a few
 ulps of their magnitude). Its rows are batch-invariant: a token's logits and keys are the same
-bits in a 1-token step and in a step of several tokens. What it does not cover runs the per-op
-step, with one notice. The checkpoint's hidden size (96) and intermediate size (160) are not
+bits in a 1-token step and in a step of several tokens. Non-causal steps (the DFlash drafter's
+block, over the drafter's own stack) run in it too. What it does not cover runs the per-op step,
+with one notice. The checkpoint's hidden size (96) and intermediate size (160) are not
 multiples of the tiles (64); the context (140 positions) spans three 64-position chunks over two
 splits, so a split takes two chunks.
 """
@@ -119,18 +120,66 @@ def test_int8_weights_match_the_per_op_step(checkpoint_factory):
     torch.testing.assert_close(out, ref, **TOL)
 
 
+class OtherPages:
+    """The case's KV store, claiming a page format the kernel does not read."""
+
+    def __init__(self, kv) -> None:
+        self.kv, self.storage = kv, "fp8"
+
+    def __getattr__(self, name):
+        return getattr(self.kv, name)
+
+
 def test_what_it_does_not_cover_runs_the_per_op_step_with_one_notice(case, caplog):
-    block = Step.at(0, 2, case.model.device, causal=False)
-    ids = case.ids[:2]
+    step = Step.at(CONTEXT, 2, case.model.device)
+    ids = case.ids[CONTEXT:CONTEXT + 2]
     with caplog.at_level(logging.WARNING, logger="tileinfer"):
         for _ in range(2):
-            case.kv.reset()
-            case.kv.reserve(2)
-            out, _ = case.persistent(ids, block, case.kv)
+            case.restore()
+            out, _ = case.persistent(ids, step, OtherPages(case.kv))
     assert [r.getMessage() for r in caplog.records] == [
-        "forward=persistent: non-causal steps (a block drafter's) are not covered; those steps run the per-op step"]
-    ref, _ = case.per_op(ids, block, case.kv)
+        "forward=persistent: KV pages stored as fp8 are not covered yet; those steps run the per-op step"]
+    case.restore()
+    ref, _ = case.per_op(ids, step, case.kv)
     assert torch.equal(out, ref) and not out.isnan().any()
+
+
+def test_a_non_causal_step_matches_the_per_op_step(case):
+    """Every query of a non-causal step (a block drafter's) sees every key of the step too."""
+    step = Step.at(CONTEXT, 5, case.model.device, causal=False)
+    ids = case.ids[CONTEXT:CONTEXT + 5]
+    case.restore()
+    case.kv.truncate(CONTEXT)
+    case.kv.reserve(CONTEXT + 5)
+    ref, _ = case.per_op(ids, step, case.kv)
+    case.restore()
+    out, _ = case.persistent(ids, step, case.kv)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_the_dflash_drafters_block_runs_through_it(checkpoint_factory, tmp_path, caplog):
+    """The DFlash drafter's stack (its own layers and KV store, the target's embedding and lm_head)
+    runs its non-causal block step, after cached context, in the persistent step: the per-op
+    step's logits of block rows 1..B-1, no notice."""
+    from dflash_checkpoints import TARGET, make_dflash
+
+    drafter = make_dflash(tmp_path / "d", heads=4, kv_heads=2, head_dim=16, block=8)
+    e = build(checkpoint_factory(**TARGET), proposer="dflash", spec_k=7, options={"dflash": {"model": str(drafter)}})
+    d, kv = e.proposer.model, e.proposer.kv
+    context = torch.randn(37, d.config.model.hidden_size, generator=torch.Generator().manual_seed(5)) * 0.5
+    block = torch.randint(0, 320, (8,), generator=torch.Generator().manual_seed(6))
+    rows = torch.arange(1, 8)
+    kv.reset()
+    kv.reserve(37 + 8)
+    d.write_context(context, Step.at(0, 37, d.device), kv)
+    step = Step.at(37, 8, d.device, causal=False)
+    ref, _ = PerOpForward(d)(block, step, kv, rows=rows)
+    with caplog.at_level(logging.WARNING, logger="tileinfer"):
+        fwd = PersistentForward(d, options=OPTIONS)
+        out, _ = fwd(block, step, kv, rows=rows)
+    assert fwd.reason is None and not caplog.records
+    assert out.shape == ref.shape == (7, 320)
+    torch.testing.assert_close(out, ref, **TOL)
 
 
 def test_a_stack_that_is_not_qwen3_is_named(case, caplog):
