@@ -56,11 +56,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 @dataclass
 class Logprob:
-    """One generated token for the wire: its text, logprob, and the top tokens' (text, logprob)."""
+    """One token for the wire: its text, logprob, and the top tokens' (text, logprob); ``logprob``
+    and ``top`` None for an echoed prompt's first token (null on the wire)."""
 
     token: str
-    logprob: float
-    top: list[tuple[str, float]] = field(default_factory=list)
+    logprob: float | None
+    top: list[tuple[str, float]] | None = field(default_factory=list)
 
 
 def _entry(token: str, logprob: float) -> dict:
@@ -80,7 +81,7 @@ def logprobs_body(kind: str, entries: list[Logprob] | None, offset: int = 0) -> 
         offsets.append(offset)
         offset += len(e.token)
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [_top_dict(e.top) for e in entries], "text_offset": offsets}
+            "top_logprobs": [None if e.top is None else _top_dict(e.top) for e in entries], "text_offset": offsets}
 
 
 def _top_dict(top: list[tuple[str, float]]) -> dict[str, float]:

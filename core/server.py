@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ from tileinfer.server_guard import (ApiKey, ClientDisconnect, Guard, HeadDeadlin
                                     read_body)
 from tileinfer.server_metrics import AccessLog, Metrics
 from tileinfer.server_reply import Reply, server_error
-from tileinfer.server_worker import Job, Worker
+from tileinfer.server_worker import Echo, Job, Worker
 
 MAX_BODY_BYTES = 4 << 20
 BODY_TIMEOUT_S = 30.0
@@ -52,11 +53,12 @@ SHUTDOWN_TIMEOUT_S = 10  # what a stop signal leaves running requests before the
 
 @dataclass
 class Prepared:
-    """A generation request ready to admit: its engine streams (one per prompt, not started) and
-    their prompts' lengths."""
+    """A generation request ready to admit: its engine streams (``n`` per prompt, prompt by prompt,
+    not started), its prompts' lengths (each once) and, with ``echo``, each stream's prompt."""
 
     streams: list
     prompt_tokens: list[int]
+    echo: list[Echo] | None = None
 
 
 def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
@@ -186,7 +188,8 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
         record = request.state.record
         record.prompt_tokens = sum(prepared.prompt_tokens)
         describe = _describer(engine.tokenizer) if parsed.top_n is not None else None
-        job = Job(prepared.streams, asyncio.get_running_loop(), record, describe)
+        job = Job(prepared.streams, asyncio.get_running_loop(), record, describe, echo=prepared.echo,
+                  generates=getattr(parsed, "generates", True))
         if not worker.submit(job):
             job.close()
             raise APIError(503, f"the server is busy: {worker.limit - 1} requests already wait; retry later",
@@ -202,24 +205,29 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
 
 
 def _prepare(engine, parsed) -> Prepared:
-    """The engine's streams of a generation request (not started: the worker starts them);
-    APIError(400) naming the field for params or a prompt the engine rejects (too long, empty, not
-    in the vocabulary, a template that fails)."""
+    """The engine's streams of a generation request (not started: the worker starts them), ``n``
+    per prompt: choice ``c`` of a prompt samples with seed ``seed + c`` (mod 2**63; ``seed``: the
+    request's, else the server's); APIError(400) naming the field for params or a prompt the engine
+    rejects (too long, empty, not in the vocabulary, a template that fails)."""
     fields = parsed.params()
     try:
         params = SamplingParams(**fields)
     except UsageError as exc:  # "temperature=-1 is not valid: ..."
         raise bad(str(exc), _field_of(str(exc), fields)) from None
+    seed = params.seed if params.seed is not None else engine.default_sampling.seed
+    choices = [dataclasses.replace(params, seed=(seed + c) % 2**63) if c else params for c in range(parsed.n)]
     if isinstance(parsed, requests.ChatRequest):
         param, prompts = "messages", [_chat_ids(engine, parsed.template_messages(), parsed.chat_template_kwargs)]
     else:
         param, prompts = "prompt", parsed.prompt
-    streams, lengths = [], []
+    streams, lengths, echo = [], [], [] if getattr(parsed, "echo", False) else None
     try:
         for i, prompt in enumerate(prompts):
             ids = engine.encode_prompt(prompt) if isinstance(prompt, str) else prompt
-            streams.append(engine.stream(ids, params))
+            streams += [engine.stream(ids, choice) for choice in choices]
             lengths.append(len(ids))
+            if echo is not None:
+                echo += [_echo(engine.tokenizer, prompt, ids)] * parsed.n
     except UsageError as exc:
         for stream in streams:
             stream.close()
@@ -227,7 +235,14 @@ def _prepare(engine, parsed) -> Prepared:
         where = f"prompt {i}: " if len(prompts) > 1 else ""
         raise bad(where + str(exc), _field_of(str(exc), fields) or param,
                   "context_length_exceeded" if too_long else None) from None
-    return Prepared(streams, lengths)
+    return Prepared(streams, lengths, echo)
+
+
+def _echo(tokenizer, prompt: str | list[int], ids: list[int]) -> Echo:
+    """What ``echo`` puts before a choice: the prompt as given (token ids decoded, special tokens
+    kept) and its first token's text."""
+    text = prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=False)
+    return Echo(text, tokenizer.decode(ids[:1], skip_special_tokens=False))
 
 
 def _field_of(message: str, fields: dict) -> str | None:

@@ -102,7 +102,8 @@ class Reply:
 
         try:
             if self.kind == "chat":
-                yield chunk(role=True)
+                for index in range(len(self.job.streams)):
+                    yield chunk(index=index, role=True)
             async for event in self.events(request):
                 if event[0] == "text":
                     _, index, text, entries = event

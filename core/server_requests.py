@@ -30,7 +30,8 @@ from tileinfer.openai_api import bad
 MAX_DEPTH = 64  # nesting levels of a request body
 MAX_STOPS = 16
 MAX_LOGPROBS = 20
-MAX_PROMPTS = 64  # prompts in one /v1/completions batch
+MAX_PROMPTS = 64  # prompts in one /v1/completions batch (times n: choices in one request)
+MAX_N = 16  # choices per prompt
 
 
 def _whole(value: Any) -> Any:
@@ -144,7 +145,7 @@ class Message(_Body):
 class _Generation(_Body):
     """The fields /v1/chat/completions and /v1/completions share."""
 
-    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {"logit_bias": ({},), "n": (1,)}
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {}
     SAMPLING: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                                            "frequency_penalty", "repetition_penalty")
 
@@ -167,6 +168,17 @@ class _Generation(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # OpenAI's end-user id for abuse monitoring: no effect
+    n: Int = Field(1, ge=1, le=MAX_N)
+    logit_bias: dict[str, Number] = Field(default_factory=dict)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_keys(cls, bias: dict[str, float]) -> dict[str, float]:
+        for key in bias:
+            if not (key.isascii() and key.isdigit()):
+                raise PydanticCustomError("token_id", "the key {key} is not a token id (a string of digits)",
+                                          {"key": json.dumps(key)})
+        return bias
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -197,7 +209,8 @@ class _Generation(_Body):
         return {**out, "max_tokens": self.max_tokens, "stop": self.stop, "stop_token_ids": self.stop_token_ids,
                 "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens,
                 "include_stop_str_in_output": self.include_stop_str_in_output,
-                "skip_special_tokens": self.skip_special_tokens, "logprobs": self.top_n}
+                "skip_special_tokens": self.skip_special_tokens, "logprobs": self.top_n,
+                "logit_bias": {int(k): v for k, v in self.logit_bias.items()} or None}
 
 
 class ChatRequest(_Generation):
@@ -213,6 +226,16 @@ class ChatRequest(_Generation):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     logprobs: bool = False
     top_logprobs: TopN | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_echo(cls, body: Any) -> Any:
+        if isinstance(body, dict) and body.get("echo") not in (None, False):
+            raise bad("echo is not supported in chat completions: score a prompt with /v1/completions "
+                      "(echo with logprobs)", "echo", "unsupported_parameter")
+        if isinstance(body, dict):
+            body = {k: v for k, v in body.items() if k != "echo"}
+        return body
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -236,13 +259,40 @@ class ChatRequest(_Generation):
 
 
 class CompletionRequest(_Generation):
-    """``prompt``: a string or token ids, or an array of either (a batch: one choice per prompt)."""
+    """``prompt``: a string or token ids, or an array of either (a batch: ``n`` choices per prompt).
+    ``echo``: each choice's text and logprobs start with its prompt's (the prompt tokens' logprobs,
+    the first one null, computed in the prefill: ``SamplingParams.prompt_logprobs``); ``max_tokens``
+    0 is allowed with it (the prompt scored, nothing generated)."""
 
-    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {**_Generation.NOT_IMPLEMENTED, "best_of": (1,), "echo": (False,),
-                                                   "suffix": ("",)}
+    NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {**_Generation.NOT_IMPLEMENTED, "best_of": (1,), "suffix": ("",)}
 
     prompt: list[str | list[int]] = Field(max_length=MAX_PROMPTS)
     logprobs: TopN | None = None
+    echo: bool = False
+    max_tokens: Int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _echo_and_choices(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise bad("max_tokens: 0 is only allowed with echo (the prompt scored, nothing generated)", "max_tokens")
+        if len(self.prompt) * self.n > MAX_PROMPTS:
+            raise bad(f"n: {len(self.prompt)} prompts x n={self.n} choices is more than {MAX_PROMPTS}", "n")
+        return self
+
+    @property
+    def generates(self) -> bool:
+        """Whether the reply has generated text (not ``echo`` with ``max_tokens`` 0)."""
+        return self.max_tokens != 0
+
+    def params(self) -> dict[str, Any]:
+        """``_Generation.params`` with the prompt's logprobs when ``echo`` asks for logprobs; ``max_tokens``
+        0 runs one token, which the reply leaves out (``generates``)."""
+        out = super().params()
+        if self.max_tokens == 0:
+            out["max_tokens"] = 1
+        if self.echo and self.logprobs is not None:
+            out["prompt_logprobs"] = self.logprobs
+        return out
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -20,6 +20,18 @@ from tileinfer.server_metrics import Metrics, RequestRecord
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
+@dataclass(frozen=True)
+class Echo:
+    """``echo``'s prompt before a choice's reply: its text and its first token's (whose logprob is null)."""
+
+    text: str
+    first_token: str
+
+    def entries(self, scores: list | None, describe: Callable[[Any], api.Logprob]) -> list[api.Logprob]:
+        """The prompt tokens' wire logprobs from the engine's ``Chunk.prompt_logprobs`` (first None)."""
+        return [api.Logprob(self.first_token, None, None)] + [describe(lp) for lp in (scores or [None])[1:]]
+
+
 @dataclass
 class Job:
     """One admitted request: an engine stream per prompt (not started), and the queue of events
@@ -28,12 +40,16 @@ class Job:
     ``describe`` turns the engine's TokenLogprob into an ``openai_api.Logprob``; the logprobs of a
     "text" event are its tokens' (None when the request asked for none; tokens whose text is held
     back go with the next event). ``record`` receives the token counts and the first token's
-    time."""
+    time. ``echo`` (one per stream): the prompt sent first, as a "text" event with its tokens'
+    logprobs (when asked for); ``generates`` False: the generated tokens are left out of the events
+    and the counts (``echo`` with ``max_tokens`` 0), the finish reason is "length"."""
 
     streams: list[Iterator]
     loop: asyncio.AbstractEventLoop
     record: RequestRecord
     describe: Callable[[Any], api.Logprob] | None = None
+    echo: list[Echo] | None = None
+    generates: bool = True
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: bool = False
 
@@ -108,10 +124,18 @@ class Worker:
         or an error)."""
         stats, last = None, None
         pending: list[api.Logprob] | None = [] if job.describe else None
+        echo = job.echo[index] if job.echo else None
         try:
             for piece in stream:
                 if job.cancelled or self._stopping:
                     return False
+                if echo is not None:  # the first piece: the prompt's text and logprobs go first
+                    job.send("text", index, echo.text,
+                             echo.entries(piece.prompt_logprobs, job.describe) if job.describe else None)
+                    echo = None
+                if not job.generates:
+                    stats = piece.stats or stats
+                    continue
                 if piece.token_ids:
                     last = self._timed(job, len(piece.token_ids), last)
                 if pending is not None and piece.logprobs:
@@ -126,6 +150,9 @@ class Worker:
         finally:
             stream.close()
         job.record.cached_tokens += stats.cached_tokens
+        if not job.generates:
+            job.send("done", index, "length", None)
+            return True
         job.send("done", index, _FINISH[stats.finish_reason], stats.stop_reason)
         return True
 
