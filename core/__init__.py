@@ -37,6 +37,10 @@ def __getattr__(name: str):
         from tileinfer.sampling_params import SamplingParams
 
         return SamplingParams
+    if name in ("StructuredOutput", "StructuredOutputError"):
+        from tileinfer import structured
+
+        return getattr(structured, name)
     if name == "ResolvedConfig":
         from tileinfer.resolution import ResolvedConfig
 
@@ -45,6 +49,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["Checkpoint", "Chunk", "Config", "Engine", "Generation", "GenerationStats", "Implementation",
-           "Implementations", "ModelBundle", "Option", "ResolvedConfig", "SamplingParams", "hookimpl", "hookspec",
-           "load_config", "load_model", "model_folder", "open_weights", "read_checkpoint", "resolve_config",
-           "shipped_model"]
+           "Implementations", "ModelBundle", "Option", "ResolvedConfig", "SamplingParams", "StructuredOutput",
+           "StructuredOutputError", "hookimpl", "hookspec", "load_config", "load_model", "model_folder", "open_weights",
+           "read_checkpoint", "resolve_config", "shipped_model"]

@@ -12,9 +12,10 @@ on a CUDA device puts the host one step behind, for plain decoding and, with a p
 drafts on the device (``Proposer.draft_on_device``) and ``spec_k`` of at most 15, for the device
 loop; a proposer that drafts on the host only is verified eagerly. Each key that cannot apply says
 why in one notice. ``DecodePlan.choose`` then answers per generation, from its own settings: a
-generation that asks for logprobs is read eagerly (the host reads each step's logits); the device
-loop takes greedy generations without history-using penalties, logprobs or logit_bias whose tokens and
-run-ahead fit the KV store and the proposer's reach, the others fall back to host drafting. A
+generation that asks for logprobs or has a grammar is read eagerly (the host reads each step's
+logits, or advances the grammar by its tokens before it masks the next); the device loop takes
+greedy generations without history-using penalties, logprobs, logit_bias or a grammar whose tokens
+and run-ahead fit the KV store and the proposer's reach, the others fall back to host drafting. A
 fallback carries its reason. The loop that ran is named in the stats (``decode_loop``): ``LOOPS``.
 """
 
@@ -99,13 +100,16 @@ class DecodePlan:
         return list(range(1, self.spec_k + 1)) if self.adaptive else [self.spec_k]
 
     def choose(self, sampler: Sampler, prompt_len: int, max_new: int, logprobs: int | None,
-               capacity: int, *, logit_bias: bool = False) -> Choice:
+               capacity: int, *, logit_bias: bool = False, grammar: bool = False) -> Choice:
         """The strategy and policy of a generation of ``max_new`` tokens after ``prompt_len`` with
         ``sampler``'s current params, ``logprobs`` (None: not asked for), over a KV store of
-        ``capacity`` positions; ``logit_bias``: the sampler adds a bias to the logits."""
+        ``capacity`` positions; ``logit_bias``: the sampler adds a bias to the logits; ``grammar``:
+        a grammar masks each step's tokens, computed on the host from the tokens committed before."""
         if self.strategy == "plain":
             if self.ahead and logprobs is not None:
                 return Choice("plain", False, "logprobs: the host reads each step's logits before the next step")
+            if self.ahead and grammar:
+                return Choice("plain", False, "a grammar: the host advances it by each token before the next step")
             return Choice("plain", self.ahead)
         if self.strategy == "host":
             return Choice("host", False)
@@ -118,6 +122,8 @@ class DecodePlan:
             why.append("logprobs (the host reads each step's logits)")
         if logit_bias:
             why.append("logit_bias (the device loop verifies with the raw argmax)")
+        if grammar:
+            why.append("a grammar (its mask is computed on the host from each step's committed tokens)")
         room = loop_room(prompt_len, max_new, max(self.k_values))
         if room > capacity:
             why.append(f"the prompt, the reply and the loop's run-ahead need {room} positions, the KV store "

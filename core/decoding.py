@@ -30,6 +30,7 @@ import torch
 from tileinfer.decode_plan import Choice, DecodePlan
 from tileinfer.device_speculation import SpeculativeLoop
 from tileinfer.errors import NumericsError, PluginError
+from tileinfer.grammar_mask import Matcher
 from tileinfer.graph_capture import cuda_graph_capture
 from tileinfer.host_records import HostRecords
 from tileinfer.interfaces import ForwardPass, KVStore, Sample, Sampler
@@ -47,7 +48,8 @@ class DecodeCounters:
     """One generation's counts: steps after the prefill whose tokens were committed (a step
     discarded after a stop is not counted), tokens drafted and accepted, the host time
     (``time.perf_counter``) the first token was out, the loop that ran (``LOOPS``' names) and the
-    prompt tokens whose keys and values the previous generation left (not prefilled)."""
+    prompt tokens whose keys and values the previous generation left (not prefilled);
+    ``grammar_end``: the grammar rejected a committed token (a dead end), which ended it there."""
 
     steps: int = 0
     drafted: int = 0
@@ -55,6 +57,7 @@ class DecodeCounters:
     first_token_time: float = 0.0
     loop: str = ""
     cached: int = 0
+    grammar_end: bool = False
 
 
 def checked_sample(sampler: Sampler, logits: torch.Tensor, who: str) -> Sample:
@@ -119,7 +122,7 @@ class Decoder:
 
     def run(self, ids: Sequence[int], max_new: int, eos: Collection[int],
             logprobs: int | None = None, prompt_logprobs: int | None = None, *,
-            logit_bias: bool = False) -> Iterator[list[int]]:
+            logit_bias: bool = False, grammar: Matcher | None = None) -> Iterator[list[int]]:
         """Prefill ``ids`` and decode after them; yields each step's committed tokens, the last
         list ending at the first token in ``eos`` or at the ``max_new``-th token. ``logprobs`` (top
         tokens per position): after each yield, ``self.logprobs`` holds the yielded tokens'
@@ -128,15 +131,18 @@ class Decoder:
         ``self.prompt_logprobs`` holds the prompt's (``tileinfer.prompt_logprobs``: None for the
         first token); the whole prompt is then prefilled, none of it reused from the prefix cache.
         ``logit_bias``: the sampler adds a bias to the logits (``tileinfer.logit_bias``), which the
-        device loop does not."""
+        device loop does not. ``grammar`` (``tileinfer.grammar_mask.Matcher``): each step's tokens
+        are masked by it and it is advanced by the committed ones (the host reads each step before
+        the next); the first token it rejects ends the generation before it (``grammar_end``)."""
         assert max_new >= 1
         self.counters = DecodeCounters()
         self.draft_length.reset()
         self.sampler.generator.manual_seed(self.sampler.params.seed)
-        self.sampling = SamplingStep(self.sampler, ids, len(ids) + max_new + self.plan.spec_k + 2, logprobs)
+        self.sampling = SamplingStep(self.sampler, ids, len(ids) + max_new + self.plan.spec_k + 2, logprobs,
+                                     grammar)
         self.logprobs = []
         self.choice = self.plan.choose(self.sampler, len(ids), max_new, logprobs, self.kv.capacity,
-                                       logit_bias=logit_bias)
+                                       logit_bias=logit_bias, grammar=grammar is not None)
         self.counters.loop = self.choice.loop
         strategy = self.strategies[self.choice.strategy]
         self.prompt_logprobs = None
@@ -194,6 +200,9 @@ class Decoder:
                     counters.accepted += len(new) - 1
                     self.draft_length.update(drafted, len(new) - 1)
                 keep, done = _until_stop(new, eos, max_new - emitted)
+                allowed = self.sampling.advance(keep)
+                if allowed < len(keep):
+                    keep, done, counters.grammar_end = keep[:allowed], True, True
                 emitted += len(keep)
                 sequence += keep
                 self.logprobs = self.sampling.logprobs_of(keep)

@@ -43,6 +43,7 @@ from tileinfer.sampling_params import SamplingParams
 from tileinfer.sampling_step import TokenLogprob, check_logprobs
 from tileinfer.steps import build_forward
 from tileinfer.stops import Completion, StopTokenBan
+from tileinfer.structured import GrammarCompiler
 from tileinfer.threads import cpu_threads
 
 Prompt = str | Sequence[int] | torch.Tensor | np.ndarray  # text, or token ids
@@ -65,7 +66,8 @@ class GenerationStats:
     tokens_per_step: float  # new tokens after the first, per step
     drafted_tokens: int  # speculative tokens proposed (0 without a proposer)
     accepted_tokens: int  # of which the target kept
-    finish_reason: str  # "eos" (an EOS token), "stop" (a stop string or a token of stop_token_ids) or "length"
+    finish_reason: str  # "eos" (an EOS token), "stop" (a stop string or a token of stop_token_ids), "length" or
+    # "grammar" (params.structured allowed no token, or ended without a stop token to end on)
     weight_bytes: int  # bytes of the loaded weights (INT8 linears: int8 rows and float32 scales)
     kv_bytes: int  # bytes of the KV pool
     kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
@@ -162,6 +164,7 @@ class Engine:
         self.logit_bias = LogitBias(self.sampler)  # a generation's logit_bias, added before the sampler's stages
         self.stop_ban = StopTokenBan(self.logit_bias)  # the decoder's sampler: min_tokens bans the stop tokens early
         self.decoder = self._build_decoder()
+        self.grammars: GrammarCompiler | None = None  # structured outputs' compiler, built at first use
         self._busy = threading.Lock()
 
     def _build_decoder(self) -> Decoder:
@@ -293,7 +296,18 @@ class Engine:
             raise UsageError(f"logit_bias: {outside[0]} is outside the vocabulary [0, {mc.vocab_size})")
         if params.stop and self.tokenizer is None:
             raise UsageError(f"stop strings need a tokenizer ({self.folder} has no tokenizer.json): use stop_token_ids")
+        if params.structured is not None:
+            self._grammars().compile(params.structured)  # a constraint the engine cannot compile fails here
         return ids
+
+    def _grammars(self) -> GrammarCompiler:
+        """The compiler of structured outputs for this checkpoint's tokenizer (built at first use)."""
+        if self.grammars is None:
+            if self.tokenizer is None:
+                raise UsageError(f"structured outputs need a tokenizer ({self.folder} has no tokenizer.json)")
+            self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                            self.model_config.eos_token_ids)
+        return self.grammars
 
     def _chat_ids(self, messages: Messages) -> list[int]:
         if self.tokenizer is None:
@@ -310,10 +324,13 @@ class Engine:
             completion = Completion(params, self.model_config.eos_token_ids, self.tokenizer)
             self.stop_ban.ban(completion.stop_tokens, params.min_tokens)
             self.logit_bias.set(params.logit_bias)
+            grammar = self._grammars().matcher(params.structured, completion.stop_tokens) if params.structured \
+                else None
             out: list[int] = []
             start = time.perf_counter()
             run = self.decoder.run(ids, params.max_tokens or self.config.max_new_tokens, completion.stop_tokens,
-                                   params.logprobs, params.prompt_logprobs, logit_bias=self.logit_bias.active)
+                                   params.logprobs, params.prompt_logprobs, logit_bias=self.logit_bias.active,
+                                   grammar=grammar)
             try:
                 for tokens in run:
                     kept, text, done = completion.take(tokens)
@@ -326,6 +343,8 @@ class Engine:
             finally:
                 run.close()
             end = time.perf_counter()
+            if self.decoder.counters.grammar_end and completion.finish_reason is None:
+                completion.finish_reason = "grammar"
             rest = completion.finish()
             yield Chunk([], rest, self._stats(len(ids), out, start, end, completion))
         finally:

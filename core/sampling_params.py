@@ -22,6 +22,7 @@ from tileinfer.errors import ConfigError, UsageError
 from tileinfer.interfaces import SamplingParams as SamplerParams
 from tileinfer.logit_bias import check_logit_bias
 from tileinfer.sampling_step import MAX_TOP_LOGPROBS
+from tileinfer.structured import StructuredOutput
 
 MAX_STOPS = 16  # stop strings per generation (each is searched for at every token)
 
@@ -54,6 +55,11 @@ class SamplingParams:
     ``logit_bias``: ``{token id: bias}``, each bias -100 to 100, added to those tokens' logits before
     the penalties, temperature and truncations (OpenAI's ``logit_bias``; ``tileinfer.logit_bias``);
     logprobs stay the raw model's.
+
+    ``structured``: a ``tileinfer.StructuredOutput`` (a JSON schema, any JSON object, a regex, a
+    choice or an EBNF grammar) the text must match: tokens it does not allow are masked before
+    every other stage, an EOS only where it is complete; a grammar that allows no token ends the
+    generation with finish reason ``"grammar"`` (``tileinfer.structured``).
     """
 
     max_tokens: int | None = None
@@ -74,6 +80,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -101,6 +108,9 @@ class SamplingParams:
                 raise UsageError(f"{key}={value!r} is not valid: must be None or an integer in "
                                  f"[0, {MAX_TOP_LOGPROBS}] (top tokens per position)")
         object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise UsageError(f"structured={self.structured!r} is not valid: must be a tileinfer.StructuredOutput "
+                             "or None")
 
     def resolved(self, defaults: SamplerParams) -> SamplerParams:
         """The sampler's params: ``defaults`` (the engine's) with the fields set here."""

@@ -8,6 +8,11 @@ called exactly as before) and, when logprobs were asked for, keeps the last logi
 Logprobs are of the model's distribution: ``log_softmax`` of the raw float32 logits, before
 penalties, temperature and truncation (what vLLM returns by default), for the chosen token and the
 ``top`` most likely ones.
+
+With a grammar (``SamplingParams.structured``), its mask is the first stage: the logits the sampler
+gets (so its penalties, temperature and truncations, and the verify rules' ``p``) have the tokens
+the grammar does not allow next at ``-inf`` (``tileinfer.grammar_mask``); logprobs stay the raw
+model's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tileinfer.errors import UsageError
+from tileinfer.grammar_mask import Matcher, TokenMask
 from tileinfer.interfaces import Sample, Sampler, TokenHistory
 
 MAX_TOP_LOGPROBS = 20
@@ -45,13 +51,20 @@ def check_logprobs(value: object) -> int | None:
 
 class SamplingStep:
     """``sampler`` for one generation of ``prompt``; ``capacity``: tokens the history may hold
-    (prompt, reply and one verify step's drafts); ``logprobs``: top tokens per position, or None."""
+    (prompt, reply and one verify step's drafts); ``logprobs``: top tokens per position, or None;
+    ``grammar``: the generation's ``tileinfer.grammar_mask.Matcher`` (None: no constraint), whose
+    mask is applied to the logits before the sampler sees them and which ``advance`` moves on by
+    the committed tokens (the host reads each step before the next)."""
 
-    def __init__(self, sampler: Sampler, prompt: Sequence[int], capacity: int, logprobs: int | None = None) -> None:
+    def __init__(self, sampler: Sampler, prompt: Sequence[int], capacity: int, logprobs: int | None = None,
+                 grammar: Matcher | None = None) -> None:
         self.sampler = sampler
         self.history = TokenHistory(prompt, capacity, sampler.device) if sampler.uses_history else None
         self.top = logprobs
         self.logits: torch.Tensor | None = None
+        self.grammar = grammar
+        self.mask = TokenMask(grammar, sampler.device) if grammar is not None else None
+        self.staged: list[int] = []  # the drafts of the next verify step (its rows' masks follow them)
 
     # what the decoding code reads of a sampler
     @property
@@ -71,6 +84,7 @@ class SamplingStep:
     def sample(self, logits: torch.Tensor, *, return_probs: bool = False) -> Sample:
         if self.top is not None:
             self.logits = logits
+        logits = self._masked(logits)
         if self.history is None:
             return self.sampler.sample(logits, return_probs=return_probs)
         return self.sampler.sample(logits, history=self.history, return_probs=return_probs)
@@ -78,6 +92,7 @@ class SamplingStep:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         if self.top is not None:
             self.logits = logits
+        logits = self._masked(logits)
         if self.history is None:
             return self.sampler.probs(logits)
         return self.sampler.probs(logits, history=self.history)
@@ -90,8 +105,31 @@ class SamplingStep:
 
     def stage(self, drafts: Sequence[int]) -> None:
         """The drafts a verify step feeds after the committed tokens."""
+        self.staged = list(drafts)
         if self.history is not None:
             self.history.stage(drafts)
+
+    # the grammar
+    def _masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` with the grammar's mask of each row (the drafts staged last), or as they are."""
+        if self.mask is None:
+            return logits
+        drafts, self.staged = self.staged, []
+        return self.mask.apply(logits, drafts)
+
+    def admissible(self, drafts: Sequence[int]) -> int:
+        """How many leading ``drafts`` the grammar accepts after the committed tokens (all: none)."""
+        return len(drafts) if self.grammar is None else self.grammar.admissible(drafts)
+
+    def advance(self, tokens: Sequence[int]) -> int:
+        """Move the grammar on by committed ``tokens``; returns how many it accepted before the
+        first it rejects (all of them without a grammar): the generation ends there."""
+        if self.grammar is None:
+            return len(tokens)
+        for i, token in enumerate(tokens):
+            if not self.grammar.accept(token):
+                return i
+        return len(tokens)
 
     # logprobs
     def logprobs_of(self, tokens: Sequence[int]) -> list[TokenLogprob]:

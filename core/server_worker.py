@@ -17,7 +17,7 @@ from typing import Any
 from tileinfer import openai_api as api
 from tileinfer.server_metrics import Metrics, RequestRecord
 
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "grammar": "grammar"}
 
 
 @dataclass(frozen=True)

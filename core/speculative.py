@@ -32,16 +32,21 @@ def verify_greedy(draft: list[int], logits: torch.Tensor, sampler: Sampler | Non
 
 
 def verify_sampled(draft: list[int], draft_probs: torch.Tensor | None, logits: torch.Tensor,
-                   sampler: Sampler) -> list[int]:
+                   sampler: Sampler, *, cut_q: torch.Tensor | None = None) -> list[int]:
     """Speculative sampling (Leviathan et al. 2023): accept ``d_i`` with probability
     ``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection draw from ``max(0, p_i - q_i)``
     normalized and stop; if all are accepted draw a bonus token from ``p_k``. ``draft_probs`` is
     ``q`` (``[k, V]``); None means the drafts were chosen deterministically (one-hot ``q``).
+    ``cut_q`` (``[V]``): the drafter drew a token ``d_{k+1}`` from it that was cut before the step
+    (a grammar rejects it, so ``p_k`` of it is 0 and it would have been rejected): the last token
+    is then drawn from ``max(0, p_k - cut_q)`` normalized instead of ``p_k``.
     The committed tokens are distributed exactly as tokens sampled from the target one by one."""
     k = len(draft)
     if not bool(torch.isfinite(logits).all()):
         return [-1]
     p = sampler.probs(logits)  # [k + 1, V]
+    if k == 0:
+        return [int(sampler.draw(_residual(p[0], cut_q)[None]))]
     tokens = torch.tensor(draft, device=p.device)
     if draft_probs is None:
         q = torch.nn.functional.one_hot(tokens, p.shape[-1]).to(p.dtype)
@@ -55,8 +60,17 @@ def verify_sampled(draft: list[int], draft_probs: torch.Tensor | None, logits: t
         residual = (p[accepted] - q[accepted]).clamp(min=0)
         extra = sampler.draw((residual / residual.sum())[None])
     else:
-        extra = sampler.draw(p[k:])
+        extra = sampler.draw(_residual(p[k], cut_q)[None])
     return draft[:accepted] + [int(extra)]
+
+
+def _residual(p: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
+    """``max(0, p - q)`` normalized (``p`` where ``q`` is None or covers all of ``p``)."""
+    if q is None:
+        return p
+    residual = (p - q.to(p.dtype)).clamp(min=0)
+    total = residual.sum()
+    return residual / total if bool(total > 0) else p
 
 
 class DraftLength:

@@ -119,20 +119,33 @@ class HostDrafting:
         sequence, sampling = list(self.sequence), self.sampling
         remaining, cached = self.limit - len(sequence), len(sequence) - 1
         draft = self.proposer.propose(sequence, min(k, remaining - 1)) if remaining > 1 else Draft([])
+        draft, cut = _cut(draft, sampling.admissible(draft.tokens))
         sampling.stage(draft.tokens)
         self.kv.reserve(cached + 1 + len(draft.tokens))
         tokens = torch.tensor([sequence[-1], *draft.tokens], dtype=torch.int64, device=self.steps.device)
         logits, hidden = self.steps.forward(tokens, cached)
-        if not draft.tokens:
+        if not draft.tokens and cut is None:
             new = [int(finite_or(sampling.sample(logits).tokens, logits)[0])]
         elif sampling.greedy:
             new = verify_greedy(draft.tokens, logits, sampling)
         else:
-            new = verify_sampled(draft.tokens, draft.probs, logits, sampling)
+            new = verify_sampled(draft.tokens, draft.probs, logits, sampling, cut_q=cut)
         kept = len(new)  # the step's token and the accepted drafts hold valid keys and values
         self.kv.truncate(cached + kept)
         self.proposer.accept(sequence + new, kept - 1, {n: h[:kept] for n, h in hidden.items()})
         return torch.tensor([kept, len(draft.tokens), *new], dtype=torch.int64)
+
+
+def _cut(draft: Draft, keep: int) -> tuple[Draft, torch.Tensor | None]:
+    """``draft`` cut to its first ``keep`` tokens (those the grammar accepts), and the drafter's
+    distribution ``q`` of the first token cut when it drew the drafts (None: none cut, or drawn
+    deterministically): the verify rule draws the token there from ``max(0, p - q)``, as for a
+    rejected draft, so that cutting keeps speculative sampling exact."""
+    if keep == len(draft.tokens):
+        return draft, None
+    probs = draft.probs
+    return Draft(draft.tokens[:keep], probs[:keep] if probs is not None else None), \
+        probs[keep] if probs is not None else None
 
 
 __all__ = ["HostDrafting", "PlainDecoding", "Strategy", "first_record"]

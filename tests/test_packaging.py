@@ -52,7 +52,7 @@ def test_test_modules_outside_packages_have_unique_names():
 # -- dependencies: every import declared, the command line without the extras -----------------------
 
 SOURCES = ("core", "backends", "plugins")  # the folders of the package `tileinfer`
-RUNTIME_EXTRAS = ("serve", "triton")  # what the package's own modules may import beyond the dependencies
+RUNTIME_EXTRAS = ("serve", "triton", "structured")  # what the package's own modules may import beyond the dependencies
 
 
 def _distribution_name(requirement: str) -> str:
