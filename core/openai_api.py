@@ -96,18 +96,30 @@ def _top_dict(top: list[tuple[str, float]]) -> dict[str, float]:
 @dataclass
 class Choice:
     """One finished choice: its text, finish reason, stop reason (the stop string or token that
-    ended it) and (when asked for) its tokens' logprobs."""
+    ended it) and (when asked for) its tokens' logprobs; a chat choice's ``reasoning`` (None: it
+    did not think) and ``tool_calls`` (OpenAI's, or None; its text is then None when empty)."""
 
-    text: str
+    text: str | None
     finish: str
     stop_reason: str | int | None = None
     logprobs: list[Logprob] | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict] | None = None
+
+
+def _message(choice: Choice) -> dict:
+    message = {"role": "assistant", "content": choice.text}
+    if choice.reasoning is not None:
+        message["reasoning_content"] = choice.reasoning
+    if choice.tool_calls:
+        message["tool_calls"] = choice.tool_calls
+    return message
 
 
 def response(kind: str, rid: str, created: int, model: str, choices: list[Choice], counts: dict) -> dict:
     """A whole reply: chat's ``message`` or completions' ``text`` per choice, indexed in order."""
     if kind == "chat":
-        body = [{"index": i, "message": {"role": "assistant", "content": c.text},
+        body = [{"index": i, "message": _message(c),
                  "logprobs": logprobs_body(kind, c.logprobs), "finish_reason": c.finish, "stop_reason": c.stop_reason}
                 for i, c in enumerate(choices)]
     else:
@@ -119,16 +131,22 @@ def response(kind: str, rid: str, created: int, model: str, choices: list[Choice
 
 def chunk(kind: str, rid: str, created: int, model: str, *, index: int = 0, text: str | None = None,
           finish: str | None = None, stop_reason: str | int | None = None, role: bool = False,
-          counts: dict | None = None, include_usage: bool = False, logprobs: dict | None = None) -> dict:
-    """One streamed chunk of choice ``index``: a text delta (``role`` on the first chat chunk) with
-    its tokens' ``logprobs`` (``logprobs_body``), the finish and stop reasons, or (``counts``) the
-    last chunk with usage and no choices."""
+          counts: dict | None = None, include_usage: bool = False, logprobs: dict | None = None,
+          reasoning: str | None = None, tool_calls: list[dict] | None = None) -> dict:
+    """One streamed chunk of choice ``index``: a text delta (``role`` on the first chat chunk; chat
+    also ``reasoning_content`` and ``tool_calls`` deltas) with its tokens' ``logprobs``
+    (``logprobs_body``), the finish and stop reasons, or (``counts``) the last chunk with usage and
+    no choices."""
     if counts is not None:
         choices = []
     elif kind == "chat":
         delta: dict = {"role": "assistant", "content": text or ""} if role else {}
         if text and not role:
             delta["content"] = text
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         choices = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
                     "stop_reason": stop_reason}]
     else:

@@ -42,6 +42,8 @@ from tileinfer.openai_api import APIError, bad
 from tileinfer.server_guard import (ApiKey, ClientDisconnect, Guard, HeadDeadlineH11, allowed_hosts, api_key_of,
                                     read_body)
 from tileinfer.server_metrics import AccessLog, Metrics
+from tileinfer.chat_output import ReplyFormat
+from tileinfer.server_chat import chat_prompt, render
 from tileinfer.server_reply import Reply, server_error
 from tileinfer.server_worker import Echo, Job, Worker
 
@@ -59,6 +61,7 @@ class Prepared:
     streams: list
     prompt_tokens: list[int]
     echo: list[Echo] | None = None
+    form: ReplyFormat | None = None  # how a chat reply reads (reasoning, tool calls)
 
 
 def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
@@ -195,7 +198,7 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
             raise APIError(503, f"the server is busy: {worker.limit - 1} requests already wait; retry later",
                            type="server_error", code="queue_full")
         metrics.prompt(record.prompt_tokens)
-        reply = Reply(kind, api.new_id(kind), api.now(), names[0], parsed, job, record)
+        reply = Reply(kind, api.new_id(kind), api.now(), names[0], parsed, job, record, prepared.form)
         if parsed.stream:
             return StreamingResponse(reply.stream(request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -210,6 +213,11 @@ def _prepare(engine, parsed) -> Prepared:
     request's, else the server's); APIError(400) naming the field for params or a prompt the engine
     rejects (too long, empty, not in the vocabulary, a template that fails)."""
     fields = parsed.params()
+    chat = chat_prompt(engine, parsed) if isinstance(parsed, requests.ChatRequest) else None
+    if chat is not None and chat.structured is not None:
+        if fields.get("structured") is not None:
+            raise bad("tool_choice forces a tool call, response_format another shape: give one", "tool_choice")
+        fields["structured"] = chat.structured
     try:
         params = SamplingParams(**fields)
     except UsageError as exc:  # "temperature=-1 is not valid: ..."
@@ -217,7 +225,7 @@ def _prepare(engine, parsed) -> Prepared:
     seed = params.seed if params.seed is not None else engine.default_sampling.seed
     choices = [dataclasses.replace(params, seed=(seed + c) % 2**63) if c else params for c in range(parsed.n)]
     if isinstance(parsed, requests.ChatRequest):
-        param, prompts = "messages", [_chat_ids(engine, parsed.template_messages(), parsed.chat_template_kwargs)]
+        param, prompts = "messages", [chat.ids]
     else:
         param, prompts = "prompt", parsed.prompt
     streams, lengths, echo = [], [], [] if getattr(parsed, "echo", False) else None
@@ -235,7 +243,7 @@ def _prepare(engine, parsed) -> Prepared:
         where = f"prompt {i}: " if len(prompts) > 1 else ""
         raise bad(where + str(exc), _field_of(str(exc), fields) or param,
                   "context_length_exceeded" if too_long else None) from None
-    return Prepared(streams, lengths, echo)
+    return Prepared(streams, lengths, echo, chat.form if chat is not None else None)
 
 
 def _echo(tokenizer, prompt: str | list[int], ids: list[int]) -> Echo:
@@ -256,12 +264,7 @@ def _chat_ids(engine, messages: list[dict], kwargs: dict, *, add_generation_prom
               add_special_tokens: bool = False) -> list[int]:
     """``messages`` rendered with the chat template and tokenized; APIError(400) when the template
     fails on them."""
-    try:
-        text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-    except UsageError as exc:
-        raise bad(str(exc), "messages") from None
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # a template meets odd values
-        raise bad(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
+    text = render(engine.tokenizer, messages, kwargs, add_generation_prompt=add_generation_prompt)
     return engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 

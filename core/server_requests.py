@@ -2,13 +2,13 @@
 (``decode_json``: JSON, at most ``MAX_DEPTH`` levels deep) and validated by its endpoint's model
 (``validate``), and any problem is an ``APIError(400)`` naming the field in ``param``
 (``messages[0].role``): a wrong type or value, an unknown field (code ``unknown_parameter``), or an
-OpenAI field tileinfer does not implement (``logit_bias``, tools, ``n`` > 1, ...: code
+OpenAI field tileinfer does not implement (``logit_bias``, ``n`` > 1, ...: code
 ``unsupported_parameter``) unless it has its no-op value (``n: 1``, ``logit_bias: {}``).
 
 Besides OpenAI's fields, the generation requests take vLLM's ``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
 ``include_stop_str_in_output`` and ``skip_special_tokens`` (``tileinfer.SamplingParams`` fields),
-and chat's ``chat_template_kwargs``.
+and chat's ``chat_template_kwargs``; chat's ``tools`` and ``tool_choice`` are ``tileinfer.server_tools``'.
 
 Types are strict (``"1.2"`` is not a number, ``1`` is not a boolean; an integral float such as
 ``2.0`` counts as the integer 2) and ``null`` counts as absent, as in OpenAI's API. The sampling
@@ -26,6 +26,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Val
 from pydantic_core import PydanticCustomError
 
 from tileinfer.openai_api import bad
+from tileinfer.server_tools import MessageToolCall, Tool, ToolChoice, check_tool_choice
 
 MAX_DEPTH = 64  # nesting levels of a request body
 MAX_STOPS = 16
@@ -127,7 +128,7 @@ class Message(_Body):
     content: str = ""
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[MessageToolCall] | None = None
     reasoning_content: str | None = None
 
     @field_validator("content", mode="before")
@@ -215,8 +216,8 @@ class _Generation(_Body):
 
 class ChatRequest(_Generation):
     NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {
-        **_Generation.NOT_IMPLEMENTED, "tools": ([],), "tool_choice": ("none",), "parallel_tool_calls": (True, False),
-        "functions": ([],), "function_call": ("none",), "response_format": ({"type": "text"},), "store": (False,),
+        **_Generation.NOT_IMPLEMENTED, "functions": ([],), "function_call": ("none",),
+        "response_format": ({"type": "text"},), "store": (False,),
         "metadata": ({},), "modalities": (["text"],), "reasoning_effort": (), "service_tier": ("auto", "default"),
         "prediction": (), "audio": (), "web_search_options": ()}
     TEMPLATE_RESERVED: ClassVar[frozenset] = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
@@ -226,6 +227,9 @@ class ChatRequest(_Generation):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     logprobs: bool = False
     top_logprobs: TopN | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True  # accepted: every call the model writes is returned
 
     @model_validator(mode="before")
     @classmethod
@@ -247,6 +251,7 @@ class ChatRequest(_Generation):
         reserved = sorted(self.TEMPLATE_RESERVED & set(self.chat_template_kwargs))
         if reserved:
             raise bad(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
+        check_tool_choice(self.tools, self.tool_choice)
         return self
 
     @property

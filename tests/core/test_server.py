@@ -184,7 +184,7 @@ def assert_error(r, status, param=None, words=""):
     return error
 
 
-@pytest.mark.parametrize("field,value", [("echo", True), ("tools", [{"type": "function"}])])
+@pytest.mark.parametrize("field,value", [("echo", True), ("functions", [{"name": "f"}])])
 def test_an_unimplemented_field_is_a_400_naming_it(url, field, value):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, field: value}
     error = assert_error(post(url, "/v1/chat/completions", body), 400, field, field)

@@ -219,7 +219,8 @@ def test_parsing_and_templating_run_off_the_event_loop(open_url, engine, monkeyp
                         lambda self, *a, **k: on_loop.append(loop_running()) or template(self, *a, **k))
     assert post(open_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
                 key=None).status_code == 200
-    assert on_loop == [False, False]
+    assert len(on_loop) >= 2 and not any(on_loop)  # the body decoded, the template rendered (twice: with and
+    # without the generation prompt, which tells whether the reply starts in the thinking)
 
 
 def test_others_are_answered_while_a_body_trickles_in(url):

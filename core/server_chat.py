@@ -1,0 +1,77 @@
+"""A /v1/chat/completions request's prompt, and how its reply is to be read.
+
+The messages (and, unless ``tool_choice`` is "none", the ``tools``) are rendered with the
+checkpoint's chat template, ``chat_template_kwargs`` passed to it (Qwen3's ``enable_thinking``).
+The text the template adds after the history to open the assistant's turn tells where the reply
+starts (``tileinfer.reasoning.thinking_mode``). The reply's answer is text without tools, text
+with ``<tool_call>`` markup with tools ("auto"), or, for "required" and a named function, the body
+of one call that the grammar forces (``tileinfer.StructuredOutput`` with the JSON schema of
+``tileinfer.tool_calls.call_schema``), from the first token or, when the reply thinks first,
+after its ``</think>``. "none" renders the prompt without the tools, so the model is not offered
+them, and reads any markup it writes as text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tileinfer.chat_output import FORCED, MARKUP, TEXT, ReplyFormat
+from tileinfer.errors import UsageError
+from tileinfer.openai_api import bad
+from tileinfer.reasoning import END_THINK, START, THINK, THINKING, thinking_mode
+from tileinfer.server_tools import choice_of
+from tileinfer.tool_calls import call_schema
+
+
+@dataclass
+class ChatPrompt:
+    """A chat request's prompt ids, how its reply reads, and the constraint forcing a tool call
+    (a ``tileinfer.StructuredOutput``, or None)."""
+
+    ids: list[int]
+    form: ReplyFormat
+    structured: Any = None
+
+
+def render(tokenizer, messages: list[dict], kwargs: dict, *, add_generation_prompt: bool = True) -> str:
+    """``messages`` rendered with the chat template; APIError(400) naming ``messages`` when the
+    template fails on them."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    except UsageError as exc:
+        raise bad(str(exc), "messages") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # a template meets odd values
+        raise bad(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
+
+
+def chat_prompt(engine, parsed) -> ChatPrompt:
+    """The prompt of ``parsed`` (a ``server_requests.ChatRequest``) for ``engine``."""
+    tokenizer = engine.tokenizer
+    kind, name = choice_of(parsed.tools, parsed.tool_choice)
+    kwargs = dict(parsed.chat_template_kwargs)
+    tools = None
+    if parsed.tools and kind != "none":
+        if "tools" in kwargs:
+            raise bad("give the tools in tools, not in chat_template_kwargs", "chat_template_kwargs")
+        tools = kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in parsed.tools]
+    messages = parsed.template_messages()
+    text = render(tokenizer, messages, kwargs)
+    history = render(tokenizer, messages, kwargs, add_generation_prompt=False)
+    mode = thinking_mode(text[len(history):] if text.startswith(history) else "")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if tools is None:
+        return ChatPrompt(ids, ReplyFormat(mode, TEXT))
+    if kind == "auto":
+        return ChatPrompt(ids, ReplyFormat(mode, MARKUP))
+    try:
+        from tileinfer.structured import StructuredOutput
+    except ImportError:
+        raise bad(f"tool_choice {kind!r} needs structured outputs, which this tileinfer lacks", "tool_choice",
+                  "unsupported_parameter") from None
+    thinks = mode == THINKING or (mode == START and THINK in (tokenizer.chat_template or ""))
+    structured = StructuredOutput(json=call_schema(tools, name), after=END_THINK if thinks else None)
+    return ChatPrompt(ids, ReplyFormat(mode, FORCED), structured)
+
+
+__all__ = ["ChatPrompt", "chat_prompt", "render"]

@@ -1,0 +1,226 @@
+"""Reasoning and tool calls in tileinfer serve's /v1/chat/completions, over real HTTP on localhost
+with the official openai client, on the shipped model (whose chat template is Qwen3's).
+
+The shipped model writes Python, never <think> or <tool_call>: to see replies that think and
+call, ``Scripted`` stands at the seam the server generates through (``Engine.stream``) and writes
+a fixed text in pieces that cut the tags, while everything else (validation, the chat template,
+the worker, the parsers, the wire format, the client) is real. The template is checked against
+transformers' rendering of the same messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+httpx = pytest.importorskip("httpx")  # the server's stack: installed by the [test] extra, absent on the GPU machine
+openai = pytest.importorskip("openai")
+
+import tileinfer  # noqa: E402
+from conftest import REFERENCE_CPU as BASE  # noqa: E402
+from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: E402
+from test_server import assert_error, running  # noqa: E402
+from tileinfer.engine import Chunk  # noqa: E402
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+                   "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+THOUGHT = "<think>\nThe user asks for the weather.\n</think>\n\n"
+CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+
+
+class Scripted:
+    """The shipped engine, except that ``stream`` writes ``script`` (in pieces of ``cut``
+    characters: every tag falls across two pieces) and records the prompts it was given."""
+
+    def __init__(self, engine, cut: int = 3) -> None:
+        self.engine, self.cut = engine, cut
+        self.script = ""
+        self.prompts: list[str] = []
+        self.stats = dataclasses.replace(engine.generate("x", tileinfer.SamplingParams(max_tokens=1)).stats,
+                                         finish_reason="eos")
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def stream(self, ids, params):
+        self.prompts.append(self.engine.tokenizer.decode(ids, skip_special_tokens=False))
+        pieces = [self.script[i:i + self.cut] for i in range(0, len(self.script), self.cut)]
+
+        def chunks():
+            for piece in pieces:
+                yield Chunk([5], piece)
+            yield Chunk([2], "", stats=self.stats)
+
+        return chunks()
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return tileinfer.Engine.from_config(overrides=BASE, progress=False)
+
+
+@pytest.fixture(scope="module")
+def scripted(shipped):
+    return Scripted(shipped)
+
+
+@pytest.fixture(scope="module")
+def url(scripted):
+    with running(scripted) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def ask(client, scripted, script: str, **kw):
+    scripted.script = script
+    return client.chat.completions.create(model="target", messages=kw.pop("messages", USER), max_tokens=64, **kw)
+
+
+def streamed(client, scripted, script: str, **kw):
+    """The chunks of a streamed reply, and the completion the openai client assembles from them."""
+    scripted.script = script
+    state, chunks = ChatCompletionStreamState(), []
+    for chunk in client.chat.completions.create(model="target", messages=kw.pop("messages", USER), max_tokens=64,
+                                                stream=True, **kw):
+        chunks.append(chunk)
+        state.handle_chunk(chunk)
+    return chunks, state.get_final_completion()
+
+
+def test_the_shipped_template_renders_tools_and_thinking_as_transformers_does(shipped):
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast.from_pretrained(tileinfer.shipped_model())
+    messages = [{"role": "system", "content": "Be brief."}, *USER,
+                {"role": "assistant", "content": "", "reasoning_content": "I need the tool.",
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+    for kwargs in ({}, {"enable_thinking": False}):
+        ours = shipped.tokenizer.apply_chat_template(messages, tools=[WEATHER, TIME], **kwargs)
+        assert ours == hf.apply_chat_template(messages, tools=[WEATHER, TIME], tokenize=False,
+                                              add_generation_prompt=True, **kwargs)
+        assert json.dumps(WEATHER) in ours and "<tool_response>\n18 C, sunny\n</tool_response>" in ours
+    plain = [*USER, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}]
+    assert shipped.tokenizer.apply_chat_template(plain) == "".join(  # as the model was trained (ChatML)
+        f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in plain) + "<|im_start|>assistant\n"
+
+
+def test_reasoning_content_apart_from_the_answer(client, scripted):
+    reply = ask(client, scripted, THOUGHT + "It is sunny.")
+    message = reply.choices[0].message
+    assert (message.reasoning_content, message.content) == ("The user asks for the weather.", "It is sunny.")
+    assert reply.choices[0].finish_reason == "stop" and message.tool_calls is None
+
+
+def test_reasoning_content_streamed(client, scripted):
+    chunks, final = streamed(client, scripted, THOUGHT + "It is sunny.")
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = [d.model_extra.get("reasoning_content") for d in deltas if d.model_extra.get("reasoning_content")]
+    content = [d.content for d in deltas if d.content]
+    assert "".join(reasoning) == "The user asks for the weather." and len(reasoning) > 1  # streamed, not held
+    assert "".join(content) == "It is sunny."
+    assert not any("<" in piece or ">" in piece for piece in reasoning + content)  # no part of a tag shows
+    assert final.choices[0].finish_reason == "stop"
+
+
+def test_no_reasoning_content_when_thinking_is_off(client, scripted):
+    reply = ask(client, scripted, THOUGHT + "Hi", extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert scripted.prompts[-1].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    message = reply.choices[0].message
+    assert "reasoning_content" not in message.model_extra and message.content == THOUGHT + "Hi"
+
+
+def test_tool_calls_parsed_from_the_reply(client, scripted):
+    reply = ask(client, scripted, THOUGHT + CALLS, tools=[WEATHER, TIME])
+    prompt = scripted.prompts[-1]
+    assert "<tools>\n" + json.dumps(WEATHER) + "\n" + json.dumps(TIME) + "\n</tools>" in prompt
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.reasoning_content == "The user asks for the weather."
+    calls = choice.message.tool_calls
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("function", "get_weather", {"city": "Paris"}), ("function", "get_time", {})]
+    assert len({c.id for c in calls}) == 2
+
+
+def test_tool_calls_streamed_as_deltas(client, scripted):
+    chunks, final = streamed(client, scripted, "Checking.\n" + CALLS, tools=[WEATHER, TIME])
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert [(d.index, d.id is not None, d.function.name) for d in deltas] == [
+        (0, True, "get_weather"), (0, False, None), (1, True, "get_time"), (1, False, None)]
+    assert [d.function.arguments for d in deltas] == ["", '{"city": "Paris"}', "", "{}"]
+    choice = final.choices[0]  # as the openai client assembles the deltas
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        ("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
+
+
+def test_bad_markup_stays_text(client, scripted):
+    text = 'Hmm <tool_call>\n{"name": "get_weather", "arguments": {oops}\n</tool_call>'
+    reply = ask(client, scripted, text, tools=[WEATHER])
+    assert reply.choices[0].message.content == text and reply.choices[0].message.tool_calls is None
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_none_offers_no_tools_and_reads_markup_as_text(client, scripted):
+    reply = ask(client, scripted, CALLS, tools=[WEATHER], tool_choice="none")
+    assert "<tools>" not in scripted.prompts[-1]
+    assert reply.choices[0].message.content == CALLS and reply.choices[0].finish_reason == "stop"
+
+
+def test_tool_messages_in_the_history(client, scripted):
+    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_9", "content": "18 C"}]
+    reply = ask(client, scripted, "It is 18 C.", messages=history, tools=[WEATHER])
+    prompt = scripted.prompts[-1]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in prompt
+    assert "<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>" in prompt
+    assert reply.choices[0].message.content == "It is 18 C."
+
+
+@pytest.mark.parametrize("change, param, words", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope'"),
+    ({"tool_choice": "required", "tools": None}, "tool_choice", "needs tools"),
+    ({"tool_choice": "sometimes"}, "tool_choice", ""),
+    ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name", ""),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "pattern"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type", ""),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
+     "tools[0].function.parameters", "not a valid JSON schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+     "tools[0].function.parameters", "must be \"object\""),
+    ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "given twice"),
+    ({"messages": [*USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]},
+     "messages[1].tool_calls[0].function", ""),
+])
+def test_bad_tool_fields_are_400s_naming_the_field(url, change, param, words):
+    body = {"messages": USER, "max_tokens": 2, "tools": [WEATHER], **change}
+    body = {k: v for k, v in body.items() if v is not None}
+    assert_error(httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60), 400, param, words)
+
+
+def test_a_real_reply_that_does_not_think_is_all_answer(shipped):
+    """The shipped model (no stand-in): it writes no <think>, so its reply is all content, as
+    Engine.generate writes it from the same prompt, with tools offered."""
+    with running(shipped) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        reply = client.chat.completions.create(model="target", messages=USER, max_tokens=12, tools=[WEATHER])
+    text = shipped.tokenizer.apply_chat_template(USER, tools=[WEATHER])
+    expected = shipped.generate(shipped.tokenizer.encode(text, add_special_tokens=False),
+                                tileinfer.SamplingParams(max_tokens=12)).text
+    assert not expected.lstrip().startswith("<think>") and "<tool_call>" not in expected
+    message = reply.choices[0].message
+    assert message.content == expected and "reasoning_content" not in message.model_extra
+    assert reply.choices[0].finish_reason in ("stop", "length")
