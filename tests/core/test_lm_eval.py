@@ -25,7 +25,7 @@ MC = [{"question": "def add(a, b):\n   ", "choices": [" return a + b", " print(a
 GEN = [{"prompt": "import os\nimport", "target": " sys"}, {"prompt": "def add(a, b):\n", "target": "    return a + b"}]
 
 
-def task_files(folder, tmp_path) -> None:
+def task_files(tmp_path) -> None:
     for name, rows in (("mc", MC), ("gen", GEN)):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     data = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {}\ntest_split: test\n"
@@ -45,12 +45,13 @@ def test_lm_eval_loglikelihood_and_generation_tasks(tiny_checkpoint, tmp_path):
 
     engine = tileinfer.Engine.from_config(model=str(tiny_checkpoint), overrides=BASE, progress=False)
     reference = tileinfer.Engine.from_config(model=str(tiny_checkpoint), overrides=BASE, progress=False)
-    task_files(tiny_checkpoint, tmp_path)
+    task_files(tmp_path)
     with running(engine) as base:
         out = lm_eval.simple_evaluate(
             model="local-completions", tasks=["tileinfer_mc", "tileinfer_gen"], batch_size=2, log_samples=True,
-            model_args={"base_url": f"{base}/v1/completions", "model": model_id(engine), "tokenizer": str(tiny_checkpoint),
-                        "tokenizer_backend": "huggingface", "max_retries": 1, "num_concurrent": 1},
+            model_args={"base_url": f"{base}/v1/completions", "model": model_id(engine),
+                        "tokenizer": str(tiny_checkpoint), "tokenizer_backend": "huggingface", "max_retries": 1,
+                        "num_concurrent": 1},
             task_manager=TaskManager(include_path=str(tmp_path)))
     assert set(out["results"]) == {"tileinfer_mc", "tileinfer_gen"}
     assert 0 <= out["results"]["tileinfer_mc"]["acc,none"] <= 1
