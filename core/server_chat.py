@@ -6,9 +6,10 @@ The text the template adds after the history to open the assistant's turn tells 
 starts (``tileinfer.reasoning.thinking_mode``). The reply's answer is text without tools, text
 with ``<tool_call>`` markup with tools ("auto"), or, for "required" and a named function, the body
 of one call that the grammar forces (``tileinfer.StructuredOutput`` with the JSON schema of
-``tileinfer.tool_calls.call_schema``), from the first token or, when the reply thinks first,
-after its ``</think>``. "none" renders the prompt without the tools, so the model is not offered
-them, and reads any markup it writes as text.
+``tileinfer.tool_calls.call_schema``): from the first token, or after the reply's ``</think>``
+when it may think first (a template that thinks, as Qwen3's, with thinking left on; a model that
+never closes its thinking is then not held to the call). "none" renders the prompt without the
+tools, so the model is not offered them, and reads any markup it writes as text.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from tileinfer.tool_calls import call_schema
 
 @dataclass
 class ChatPrompt:
-    """A chat request's prompt ids, how its reply reads, and the constraint forcing a tool call
-    (a ``tileinfer.StructuredOutput``, or None)."""
+    """A chat request's prompt ids, how its reply reads, the text after which its answer starts
+    (``</think>`` when the reply thinks first, else None: a constraint on the answer starts
+    there), and the constraint forcing a tool call (a ``tileinfer.StructuredOutput``, or None)."""
 
     ids: list[int]
     form: ReplyFormat
+    after: str | None = None
     structured: Any = None
 
 
@@ -60,18 +63,19 @@ def chat_prompt(engine, parsed) -> ChatPrompt:
     history = render(tokenizer, messages, kwargs, add_generation_prompt=False)
     mode = thinking_mode(text[len(history):] if text.startswith(history) else "")
     ids = tokenizer.encode(text, add_special_tokens=False)
+    thinks = mode == THINKING or (mode == START and THINK in (tokenizer.chat_template or ""))
+    after = END_THINK if thinks else None
     if tools is None:
-        return ChatPrompt(ids, ReplyFormat(mode, TEXT))
+        return ChatPrompt(ids, ReplyFormat(mode, TEXT), after)
     if kind == "auto":
-        return ChatPrompt(ids, ReplyFormat(mode, MARKUP))
+        return ChatPrompt(ids, ReplyFormat(mode, MARKUP), after)
     try:
         from tileinfer.structured import StructuredOutput
     except ImportError:
         raise bad(f"tool_choice {kind!r} needs structured outputs, which this tileinfer lacks", "tool_choice",
                   "unsupported_parameter") from None
-    thinks = mode == THINKING or (mode == START and THINK in (tokenizer.chat_template or ""))
-    structured = StructuredOutput(json=call_schema(tools, name), after=END_THINK if thinks else None)
-    return ChatPrompt(ids, ReplyFormat(mode, FORCED), structured)
+    structured = StructuredOutput(json=call_schema(tools, name), after=after)
+    return ChatPrompt(ids, ReplyFormat(mode, FORCED), after, structured)
 
 
 __all__ = ["ChatPrompt", "chat_prompt", "render"]

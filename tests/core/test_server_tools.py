@@ -22,6 +22,7 @@ from conftest import REFERENCE_CPU as BASE  # noqa: E402
 from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: E402
 from test_server import assert_error, running  # noqa: E402
 from tileinfer.engine import Chunk  # noqa: E402
+from tileinfer.tool_calls import call_schema  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city.",
@@ -50,6 +51,7 @@ class Scripted:
 
     def stream(self, ids, params):
         self.prompts.append(self.engine.tokenizer.decode(ids, skip_special_tokens=False))
+        self.params = params
         pieces = [self.script[i:i + self.cut] for i in range(0, len(self.script), self.cut)]
 
         def chunks():
@@ -224,3 +226,54 @@ def test_a_real_reply_that_does_not_think_is_all_answer(shipped):
     message = reply.choices[0].message
     assert message.content == expected and "reasoning_content" not in message.model_extra
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("thinking, after", [(None, "</think>"), (False, None)])
+def test_a_forced_call_is_a_grammar_on_the_answer(client, scripted, thinking, after):
+    kwargs = {} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}}
+    body = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    reply = ask(client, scripted, (THOUGHT if thinking is None else "") + body, tools=[WEATHER, TIME],
+                tool_choice="required", extra_body=kwargs)
+    structured = scripted.params.structured
+    assert (structured.json, structured.after) == (call_schema([WEATHER, TIME]), after)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        ("get_weather", '{"city": "Oslo"}')]
+    ask(client, scripted, body, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert scripted.params.structured.json == call_schema([TIME])
+
+
+def test_response_format_and_a_forced_call_do_not_mix(url):
+    body = {"messages": USER, "tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    if r.json()["error"]["param"] == "response_format":
+        pytest.skip("response_format is not served yet")
+    assert_error(r, 400, "tool_choice", "give one")
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_grammar_makes_the_shipped_model_call(shipped, tool_choice, stream):
+    """No stand-in: the shipped model writes Python, yet with tool_choice "required" or a named
+    function its reply is a call whose arguments match the function's parameters."""
+    pytest.importorskip("xgrammar")
+    jsonschema = pytest.importorskip("jsonschema")
+    with running(shipped) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        kw = dict(model="target", messages=USER, max_tokens=48, tools=[WEATHER, TIME], tool_choice=tool_choice,
+                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        if stream:
+            state = ChatCompletionStreamState()
+            for chunk in client.chat.completions.create(stream=True, **kw):
+                state.handle_chunk(chunk)
+            reply = state.get_final_completion()
+        else:
+            reply = client.chat.completions.create(**kw)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    (call,) = choice.message.tool_calls
+    tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    if isinstance(tool_choice, dict):
+        assert call.function.name == "get_weather"
