@@ -2,8 +2,10 @@
 (``decode_json``: JSON, at most ``MAX_DEPTH`` levels deep) and validated by its endpoint's model
 (``validate``), and any problem is an ``APIError(400)`` naming the field in ``param``
 (``messages[0].role``): a wrong type or value, an unknown field (code ``unknown_parameter``), or an
-OpenAI field tileinfer does not implement (``logit_bias``, ``n`` > 1, ...: code
-``unsupported_parameter``) unless it has its no-op value (``n: 1``, ``logit_bias: {}``).
+OpenAI field tileinfer does not implement (``best_of`` > 1, ``suffix``, ``echo`` in chat, ...:
+code ``unsupported_parameter``) unless it has its no-op value (``best_of: 1``, ``echo: false``).
+``n`` (choices per prompt) and ``logit_bias`` (string token ids) are OpenAI's; ``echo`` and
+``max_tokens`` 0 with it score a completion request's prompt (``CompletionRequest``).
 
 Besides OpenAI's fields, the generation requests take vLLM's ``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
