@@ -100,3 +100,20 @@ def test_bad_biases_are_refused_naming_the_field(bias, words):
 def test_a_token_outside_the_vocabulary_is_refused(engine):
     with pytest.raises(UsageError, match=r"^logit_bias: 320 is outside the vocabulary"):
         engine.generate(PROMPT, params(logit_bias={320: 1}))
+
+
+@pytest.mark.gpu
+def test_the_default_gpu_path_with_a_bias(folder):
+    """CUDA graphs, the pipelined loop and the device loop with n-gram drafts: a biased greedy
+    generation runs host drafting and gives the reference engine's tokens; pipelined plain decoding
+    applies the bias on the device (no host round trip)."""
+    cpu = reference_engine(folder)
+    plain = cpu.generate(PROMPT, params()).token_ids
+    bias = {plain[2]: -100.0, plain[4]: -3.0, 11: 2.0}
+    expected = cpu.generate(PROMPT, params(logit_bias=bias)).token_ids
+    for keys in ({}, {"proposer": "ngram", "spec_k": 3}):
+        engine = tileinfer.Engine.from_config(model=str(folder), device="cuda", dtype="float32", progress=False,
+                                              **keys)
+        result = engine.generate(PROMPT, params(logit_bias=bias))
+        assert result.token_ids == expected
+        assert result.stats.decode_loop == ("pipelined" if not keys else "speculative-sequential")

@@ -118,3 +118,25 @@ def test_a_one_token_prompt_has_only_none(folder):
 def test_bad_prompt_logprobs_are_refused_naming_the_field(value):
     with pytest.raises(UsageError, match=r"^prompt_logprobs="):
         tileinfer.SamplingParams(prompt_logprobs=value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("forward", ["per_op", "persistent"])
+def test_the_default_gpu_path_scores_the_prompt(folder, expected, forward):
+    """The default config on a GPU in float32 (the Triton kernels, CUDA graphs, the pipelined loop):
+    the scored prompt's chunks run eagerly, every row's logits of the Triton lm_head, within 1e-3 of
+    transformers (the kernels' float32 sums round otherwise); the unscored prompt after it is served
+    by the prefill graphs and gives the same first token."""
+    engine = tileinfer.Engine.from_config(model=str(folder), device="cuda", dtype="float32", progress=False,
+                                          prefill_chunk=64, forward=forward)
+    assert engine.decoder.steps.prefill_graphs is not None
+    scored = engine.generate(PROMPT, tileinfer.SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=5))
+    assert not engine.decoder.steps.prefill_graphs.graphs
+    result = scored.prompt_logprobs
+    assert len(result) == len(PROMPT) and result[0] is None
+    for p, lp in enumerate(result[1:], start=1):
+        assert math.isclose(lp.logprob, expected[p - 1, PROMPT[p]].item(), abs_tol=1e-3), p
+        values = expected[p - 1].topk(5).values.tolist()
+        assert all(math.isclose(v, e, abs_tol=1e-3) for (_, v), e in zip(lp.top, values)), p
+    plain = engine.generate(PROMPT, tileinfer.SamplingParams(max_tokens=4, ignore_eos=True))
+    assert engine.decoder.steps.prefill_graphs.graphs and plain.token_ids == scored.token_ids
