@@ -40,6 +40,35 @@ def check_messages(messages: object) -> list[dict]:
     return [dict(message) for message in messages]
 
 
+def check_tools(tools: object) -> list[dict] | None:
+    """``tools`` as the chat template takes them: None, or a list of OpenAI's function tools
+    (``{"type": "function", "function": {"name": str, ...}}``); a UsageError naming the first bad one."""
+    if tools is None:
+        return None
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
+        raise UsageError(f"tools must be a list of {{'type': 'function', 'function': {{...}}}} mappings, got "
+                         f"{type(tools).__name__}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not (isinstance(tool, Mapping) and tool.get("type") == "function" and isinstance(function, Mapping)
+                and isinstance(function.get("name"), str) and function["name"]):
+            raise UsageError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': str, 'description', "
+                             f"'parameters'}}}}, got {tool!r}")
+    return [dict(tool) for tool in tools]
+
+
+def check_template_kwargs(kwargs: object) -> dict:
+    """``chat_template_kwargs``: None or a mapping of variables other than those the chat itself sets."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise UsageError(f"chat_template_kwargs must be a mapping of names to values, got {type(kwargs).__name__}")
+    reserved = sorted({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"} & set(kwargs))
+    if reserved:
+        raise UsageError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    return dict(kwargs)
+
+
 def is_conversation_batch(messages: object) -> bool:
     """Whether ``messages`` is a list of conversations rather than one conversation."""
     return (isinstance(messages, Sequence) and not isinstance(messages, (str, bytes)) and bool(messages)

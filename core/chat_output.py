@@ -9,9 +9,11 @@ choice's text deltas into ``Delta``s of reasoning, content and calls.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tileinfer.reasoning import START, ReasoningParser
+from tileinfer.reasoning import START, ReasoningParser, thinking_mode
 from tileinfer.tool_calls import ToolCall, ToolCallParser, parse_call
 
 TEXT, MARKUP, FORCED = "text", "markup", "forced"
@@ -98,4 +100,27 @@ def parse_reply(text: str, form: ReplyFormat = ReplyFormat()) -> tuple[str | Non
     return (out.reasoning if parser.thought else None), content, out.calls
 
 
-__all__ = ["ChatParser", "Delta", "FORCED", "MARKUP", "ReplyFormat", "TEXT", "parse_reply"]
+def render_chat(tokenizer, messages: list[dict], *, tools: Sequence[Mapping] | None = None,
+                **kwargs) -> tuple[str, ReplyFormat]:
+    """``messages`` rendered with the chat template for a reply (``tools`` offered when given,
+    ``kwargs`` passed to the template), and how that reply reads: where it starts, from what the
+    template writes after the history (rendered a second time without the generation prompt), and
+    ``MARKUP`` with tools, else ``TEXT``."""
+    if tools:
+        kwargs["tools"] = [dict(tool) for tool in tools]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+    history = tokenizer.apply_chat_template(messages, add_generation_prompt=False, **kwargs)
+    mode = thinking_mode(text[len(history):] if text.startswith(history) else "")
+    return text, ReplyFormat(mode, MARKUP if tools else TEXT)
+
+
+def read_reply(generation, form: ReplyFormat):
+    """A chat ``tileinfer.Generation`` with its ``reasoning``, ``content`` and (``MARKUP`` or
+    ``FORCED``) ``tool_calls`` filled from its text."""
+    reasoning, content, calls = parse_reply(generation.text or "", form)
+    return dataclasses.replace(generation, reasoning=reasoning, content=content,
+                               tool_calls=calls if form.tools != TEXT else None)
+
+
+__all__ = ["ChatParser", "Delta", "FORCED", "MARKUP", "ReplyFormat", "TEXT", "parse_reply", "read_reply",
+           "render_chat"]

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
 from tileinfer.async_stream import async_chunks
-from tileinfer.chat import Messages, check_messages, is_conversation_batch
+from tileinfer.chat import Messages, check_messages, check_template_kwargs, check_tools, is_conversation_batch
+from tileinfer.chat_output import read_reply, render_chat
 from tileinfer.config import SAMPLING_KEYS, Config, ConfigSource
 from tileinfer.cpu_defaults import load_for_device
 from tileinfer.decode_plan import DecodePlan
@@ -45,6 +46,7 @@ from tileinfer.steps import build_forward
 from tileinfer.stops import Completion, StopTokenBan
 from tileinfer.structured import GrammarCompiler
 from tileinfer.threads import cpu_threads
+from tileinfer.tool_calls import ToolCall
 
 Prompt = str | Sequence[int] | torch.Tensor | np.ndarray  # text, or token ids
 
@@ -97,6 +99,10 @@ class Generation:
     logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked for them
     # one per prompt token (None for the first), when params.prompt_logprobs asked for them
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # Engine.chat: the reply's thinking (None: it did not think), its answer, and with tools the calls it made
+    reasoning: str | None = None
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
     def to_dict(self) -> dict:
         out = {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
@@ -104,6 +110,9 @@ class Generation:
             out["logprobs"] = [asdict(lp) for lp in self.logprobs]
         if self.prompt_logprobs is not None:
             out["prompt_logprobs"] = [None if lp is None else asdict(lp) for lp in self.prompt_logprobs]
+        out.update({k: getattr(self, k) for k in ("reasoning", "content") if getattr(self, k) is not None})
+        if self.tool_calls is not None:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
         return out
 
 
@@ -236,15 +245,26 @@ class Engine:
         batch = [self._prompt_ids(prompt, chat, params) for prompt in prompts]
         return [self._collect(self._stream(ids, params)) for ids in batch]
 
-    def chat(self, messages: Messages | Sequence[Messages],
-             params: SamplingParams | None = None) -> Generation | list[Generation]:
+    def chat(self, messages: Messages | Sequence[Messages], params: SamplingParams | None = None, *,
+             tools: Sequence[Mapping] | None = None,
+             chat_template_kwargs: Mapping[str, object] | None = None) -> Generation | list[Generation]:
         """The assistant's reply to ``messages`` (``[{"role": "system" | "user" | "assistant" |
-        "tool", "content": str}, ...]``), rendered with the checkpoint's chat template; a list of
-        conversations is answered with a list of replies, in order."""
+        "tool", "content": str}, ...]``), rendered with the checkpoint's chat template (``tools``,
+        OpenAI's function tools, and ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``,
+        passed to it); a list of conversations is answered with a list of replies, in order. Each
+        reply's ``reasoning``, ``content`` and (with tools) ``tool_calls`` are read from its text as
+        the server reads them (``tileinfer.chat_output``)."""
         params = self._params(params, None, False, None, None)
+        if self.tokenizer is None:
+            raise UsageError(f"chat needs a tokenizer ({self.folder} has no tokenizer.json)")
+        kwargs = check_template_kwargs(chat_template_kwargs)
+        tools = check_tools(tools)
         batch = is_conversation_batch(messages)
-        ids = [self._prompt_ids(self._chat_ids(m), False, params) for m in (messages if batch else [messages])]
-        replies = [self._collect(self._stream(one, params)) for one in ids]
+        prompts = [render_chat(self.tokenizer, check_messages(m), tools=tools, **kwargs)
+                   for m in (messages if batch else [messages])]
+        ids = [self._prompt_ids(self.tokenizer.encode(text, add_special_tokens=False), False, params)
+               for text, _ in prompts]
+        replies = [read_reply(self._collect(self._stream(one, params)), form) for one, (_, form) in zip(ids, prompts)]
         return replies if batch else replies[0]
 
     def stream_async(self, prompt: Prompt, params: SamplingParams | None = None, *,
@@ -308,12 +328,6 @@ class Engine:
             self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                             self.model_config.eos_token_ids)
         return self.grammars
-
-    def _chat_ids(self, messages: Messages) -> list[int]:
-        if self.tokenizer is None:
-            raise UsageError(f"chat needs a tokenizer ({self.folder} has no tokenizer.json)")
-        text = self.tokenizer.apply_chat_template(check_messages(messages), add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _stream(self, ids: list[int], params: SamplingParams) -> Iterator[Chunk]:
         if not self._busy.acquire(blocking=False):

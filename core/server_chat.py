@@ -14,13 +14,15 @@ tools, so the model is not offered them, and reads any markup it writes as text.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tileinfer.chat_output import FORCED, MARKUP, TEXT, ReplyFormat
+from tileinfer.chat_output import FORCED, MARKUP, TEXT, ReplyFormat, render_chat
 from tileinfer.errors import UsageError
 from tileinfer.openai_api import bad
-from tileinfer.reasoning import END_THINK, START, THINK, THINKING, thinking_mode
+from tileinfer.reasoning import END_THINK, START, THINK, THINKING
 from tileinfer.server_tools import choice_of
 from tileinfer.tool_calls import call_schema
 
@@ -37,15 +39,22 @@ class ChatPrompt:
     structured: Any = None
 
 
-def render(tokenizer, messages: list[dict], kwargs: dict, *, add_generation_prompt: bool = True) -> str:
-    """``messages`` rendered with the chat template; APIError(400) naming ``messages`` when the
-    template fails on them."""
+@contextmanager
+def _template_errors() -> Iterator[None]:
+    """A chat template that fails on the messages: APIError(400) naming ``messages``."""
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+        yield
     except UsageError as exc:
         raise bad(str(exc), "messages") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:  # a template meets odd values
         raise bad(f"chat template failed: {type(exc).__name__}: {exc}", "messages") from None
+
+
+def render(tokenizer, messages: list[dict], kwargs: dict, *, add_generation_prompt: bool = True) -> str:
+    """``messages`` rendered with the chat template; APIError(400) naming ``messages`` when the
+    template fails on them."""
+    with _template_errors():
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
 
 def chat_prompt(engine, parsed) -> ChatPrompt:
@@ -57,11 +66,10 @@ def chat_prompt(engine, parsed) -> ChatPrompt:
     if parsed.tools and kind != "none":
         if "tools" in kwargs:
             raise bad("give the tools in tools, not in chat_template_kwargs", "chat_template_kwargs")
-        tools = kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in parsed.tools]
-    messages = parsed.template_messages()
-    text = render(tokenizer, messages, kwargs)
-    history = render(tokenizer, messages, kwargs, add_generation_prompt=False)
-    mode = thinking_mode(text[len(history):] if text.startswith(history) else "")
+        tools = [tool.model_dump(exclude_none=True) for tool in parsed.tools]
+    with _template_errors():
+        text, form = render_chat(tokenizer, parsed.template_messages(), tools=tools, **kwargs)
+    mode = form.mode
     ids = tokenizer.encode(text, add_special_tokens=False)
     thinks = mode == THINKING or (mode == START and THINK in (tokenizer.chat_template or ""))
     after = END_THINK if thinks else None
