@@ -27,6 +27,7 @@ import sys
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Sequence
 
 from tileinfer import __version__
@@ -186,11 +187,48 @@ def _flag_sources(args: argparse.Namespace) -> list[dict]:
 
 
 def _params(args: argparse.Namespace):
-    """The generation's tileinfer.SamplingParams of --stop, --ignore-eos and --min-tokens (the
-    sampling flags set config keys: the engine's defaults)."""
+    """The generation's tileinfer.SamplingParams of --stop, --ignore-eos, --min-tokens and the
+    structured-output flags (the sampling flags set config keys: the engine's defaults)."""
     from tileinfer.sampling_params import SamplingParams
 
-    return SamplingParams(stop=args.stop, ignore_eos=args.ignore_eos, min_tokens=args.min_tokens)
+    return SamplingParams(stop=args.stop, ignore_eos=args.ignore_eos, min_tokens=args.min_tokens,
+                          structured=_structured(args))
+
+
+STRUCTURED_FLAGS = {"json": "--json-schema", "json_object": "--json-object", "regex": "--regex", "choice": "--choice",
+                    "grammar": "--grammar"}
+
+
+def _structured(args: argparse.Namespace):
+    """The tileinfer.StructuredOutput of --json-schema, --json-object, --regex, --choice or --grammar
+    (None: none given); a UsageError naming the flag for a file it cannot read or a bad value."""
+    from tileinfer.structured import StructuredOutput, StructuredOutputError
+
+    kinds = {"json": args.json_schema, "json_object": args.json_object or None, "regex": args.regex,
+             "choice": args.choice, "grammar": args.grammar}
+    kind, value = next(((k, v) for k, v in kinds.items() if v is not None), (None, None))
+    if kind is None:
+        return None
+    if kind == "grammar" or (kind == "json" and not value.lstrip().startswith("{")):
+        try:
+            value = Path(value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{STRUCTURED_FLAGS[kind]} {value}: cannot read: {exc}") from None
+    try:
+        return StructuredOutput(**{kind: value})
+    except StructuredOutputError as exc:
+        raise UsageError(f"{STRUCTURED_FLAGS[kind]}: {str(exc).split(': ', 1)[1]}") from None
+
+
+def _compile_structured(engine, params) -> None:
+    """Compile the reply's constraint now, so that one the grammar engine refuses fails naming its flag."""
+    from tileinfer.structured import StructuredOutputError
+
+    if params.structured is not None:
+        try:
+            engine.compile_structured(params.structured)
+        except StructuredOutputError as exc:
+            raise UsageError(f"{STRUCTURED_FLAGS[exc.field]}: {str(exc).split(': ', 1)[1]}") from None
 
 
 def _load_engine(args: argparse.Namespace, notices: _Notices):
@@ -207,6 +245,7 @@ def _chat(args: argparse.Namespace, notices: _Notices) -> int:
 
     params = _params(args)
     engine = _load_engine(args, notices)
+    _compile_structured(engine, params)
     return chat.run(engine, params, system=args.system)
 
 
@@ -254,6 +293,7 @@ def _generate(args: argparse.Namespace, notices: _Notices) -> int:
     ids = check_prompt(resolved, prompt, chat=args.chat)
     engine = Engine(resolved, progress=not args.quiet)
     notices.show_held()  # after the engine was built: an error is the first line on stderr
+    _compile_structured(engine, params)
     if args.json:
         result = engine.generate(ids, params)
         print(json.dumps(result.to_dict(), ensure_ascii=False))

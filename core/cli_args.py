@@ -72,6 +72,20 @@ def _stop_flags(parser: argparse.ArgumentParser) -> None:
                              "string they complete does not end it (default 0)")
 
 
+def _structured_flags(parser: argparse.ArgumentParser) -> None:
+    """What the reply must match (tileinfer.SamplingParams.structured): at most one of them."""
+    group = parser.add_argument_group("structured output (at most one; tokens that break it are never sampled)")
+    one = group.add_mutually_exclusive_group()
+    one.add_argument("--json-schema", metavar="FILE_OR_JSON",
+                     help="the reply is JSON valid against this JSON schema (a file, or the schema's JSON text)")
+    one.add_argument("--json-object", action="store_true", help="the reply is a JSON object (any)")
+    one.add_argument("--regex", metavar="REGEX", help="the whole reply matches this regular expression")
+    one.add_argument("--choice", action="append", metavar="TEXT",
+                     help="the reply is exactly one of these texts (repeatable: --choice yes --choice no)")
+    one.add_argument("--grammar", metavar="FILE",
+                     help="the reply matches this EBNF grammar's rule root (GBNF, as llama.cpp and xgrammar read it)")
+
+
 def _global(parser: argparse.ArgumentParser, main: bool) -> None:
     """--debug and --quiet, before or after the command (the command's copies leave the value the
     main parser set when they are not given)."""
@@ -97,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
     _generation_flags(gen)
     _stop_flags(gen)
+    _structured_flags(gen)
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object (token_ids, text, stats) and nothing else on stdout")
     _global(gen, main=False)
@@ -110,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", metavar="TEXT", help="system prompt, kept through /reset")
     _generation_flags(chat)
     _stop_flags(chat)
+    _structured_flags(chat)
     _global(chat, main=False)
     _common(chat)
 

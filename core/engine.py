@@ -44,7 +44,7 @@ from tileinfer.sampling_params import SamplingParams
 from tileinfer.sampling_step import TokenLogprob, check_logprobs
 from tileinfer.steps import build_forward
 from tileinfer.stops import Completion, StopTokenBan
-from tileinfer.structured import GrammarCompiler
+from tileinfer.structured import GrammarCompiler, StructuredOutput
 from tileinfer.threads import cpu_threads
 from tileinfer.tool_calls import ToolCall
 
@@ -317,8 +317,14 @@ class Engine:
         if params.stop and self.tokenizer is None:
             raise UsageError(f"stop strings need a tokenizer ({self.folder} has no tokenizer.json): use stop_token_ids")
         if params.structured is not None:
-            self._grammars().compile(params.structured)  # a constraint the engine cannot compile fails here
+            self.compile_structured(params.structured)  # a constraint the engine cannot compile fails here
         return ids
+
+    def compile_structured(self, structured: StructuredOutput) -> None:
+        """Compile ``structured`` for this checkpoint's tokenizer now (cached: a generation that asks
+        for it later does not compile it again); ``StructuredOutputError`` naming the field when the
+        grammar engine refuses it, UsageError without a tokenizer or without xgrammar."""
+        self._grammars().compile(structured)
 
     def _grammars(self) -> GrammarCompiler:
         """The compiler of structured outputs for this checkpoint's tokenizer (built at first use)."""

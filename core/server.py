@@ -45,6 +45,7 @@ from tileinfer.server_metrics import AccessLog, Metrics
 from tileinfer.chat_output import ReplyFormat
 from tileinfer.server_chat import chat_prompt, render
 from tileinfer.server_reply import Reply, server_error
+from tileinfer.server_structured import constrain, structured_request, thinks_first
 from tileinfer.server_worker import Echo, Job, Worker
 
 MAX_BODY_BYTES = 4 << 20
@@ -218,6 +219,9 @@ def _prepare(engine, parsed) -> Prepared:
         if fields.get("structured") is not None:
             raise bad("tool_choice forces a tool call, response_format another shape: give one", "tool_choice")
         fields["structured"] = chat.structured
+    elif fields.get("structured") is not None:  # response_format or a guided_* field
+        thinks = chat is not None and thinks_first(chat.form.mode, engine.tokenizer)
+        fields["structured"] = constrain(engine, fields["structured"], structured_request(parsed)[1], thinks=thinks)
     try:
         params = SamplingParams(**fields)
     except UsageError as exc:  # "temperature=-1 is not valid: ..."

@@ -10,7 +10,9 @@ code ``unsupported_parameter``) unless it has its no-op value (``best_of: 1``, `
 Besides OpenAI's fields, the generation requests take vLLM's ``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
 ``include_stop_str_in_output`` and ``skip_special_tokens`` (``tileinfer.SamplingParams`` fields),
-and chat's ``chat_template_kwargs``; chat's ``tools`` and ``tool_choice`` are ``tileinfer.server_tools``'.
+the structured-output fields (``response_format``, vLLM's ``guided_json``, ``guided_regex``,
+``guided_choice``, ``guided_grammar``: ``tileinfer.server_structured``), and chat's
+``chat_template_kwargs``; chat's ``tools`` and ``tool_choice`` are ``tileinfer.server_tools``'.
 
 Types are strict (``"1.2"`` is not a number, ``1`` is not a boolean; an integral float such as
 ``2.0`` counts as the integer 2) and ``null`` counts as absent, as in OpenAI's API. The sampling
@@ -28,6 +30,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, Strict, Val
 from pydantic_core import PydanticCustomError
 
 from tileinfer.openai_api import bad
+from tileinfer.server_structured import ResponseFormat, structured_request
 from tileinfer.server_tools import MessageToolCall, Tool, ToolChoice, check_tool_choice
 
 MAX_DEPTH = 64  # nesting levels of a request body
@@ -173,6 +176,11 @@ class _Generation(_Body):
     user: str | None = None  # OpenAI's end-user id for abuse monitoring: no effect
     n: Int = Field(1, ge=1, le=MAX_N)
     logit_bias: dict[str, Number] = Field(default_factory=dict)
+    response_format: ResponseFormat | None = None  # the structured-output fields: tileinfer.server_structured
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -213,13 +221,14 @@ class _Generation(_Body):
                 "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens,
                 "include_stop_str_in_output": self.include_stop_str_in_output,
                 "skip_special_tokens": self.skip_special_tokens, "logprobs": self.top_n,
-                "logit_bias": {int(k): v for k, v in self.logit_bias.items()} or None}
+                "logit_bias": {int(k): v for k, v in self.logit_bias.items()} or None,
+                "structured": structured_request(self)[0]}
 
 
 class ChatRequest(_Generation):
     NOT_IMPLEMENTED: ClassVar[dict[str, tuple]] = {
         **_Generation.NOT_IMPLEMENTED, "functions": ([],), "function_call": ("none",),
-        "response_format": ({"type": "text"},), "store": (False,),
+        "store": (False,),
         "metadata": ({},), "modalities": (["text"],), "reasoning_effort": (), "service_tier": ("auto", "default"),
         "prediction": (), "audio": (), "web_search_options": ()}
     TEMPLATE_RESERVED: ClassVar[frozenset] = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
