@@ -30,7 +30,11 @@ Workloads (``workloads()``):
   generations and record why they have no row;
 - ``decode128_ctxN``: 128 greedy tokens after an ``N``-token random prompt (``N`` cached
   positions): ``engine.generate(...).stats.decode_tok_s``, tokens after the first over the time
-  from the first to the last, in tok/s.
+  from the first to the last, in tok/s;
+- ``decode128_json_ctx1024``: the same as ``decode128_ctx1024`` under a JSON schema
+  (``DECODE_SCHEMA``, structured outputs: the grammar's mask each step, the host loop); not in the
+  default matrix (``JSON_NAMES``). The target: at least 0.95x ``decode128_ctx1024``'s rate, and
+  faster than that with ``proposer=ngram`` (variant ``ngram``).
 
 Each measurement is warmed up by a run of the same prompt (8 new tokens for the engine: kernel
 compilation, CUDA graph capture; the whole workload for the peers, see :func:`warm_up`), then
@@ -119,6 +123,7 @@ class Workload:
     prompt_tokens: int
     new_tokens: int  # 1 for a prefill
     cached: int = 0  # prompt tokens a previous generation left in the KV cache (a chat's history)
+    schema: bool = False  # decode under DECODE_SCHEMA (structured outputs: the grammar's mask each step)
 
     @property
     def kind(self) -> str:
@@ -137,7 +142,11 @@ WARMUP_TOKENS = 8
 NAMES = ("prefill1024", "decode128_ctx1024", "decode128_ctx8192", "decode128_ctx32768")  # the default matrix
 # time to first token, when asked for: long prompts, a short one and a follow-up turn after a history
 TTFT_NAMES = ("prefill8192", "prefill32768", "prefill50", "prefill50_after4000")
-ALL_NAMES = NAMES + TTFT_NAMES
+# decoding under a JSON schema, beside decode128_ctx1024 (the target: >= 0.95x its rate; with proposer=ngram, faster)
+JSON_NAMES = ("decode128_json_ctx1024",)
+ALL_NAMES = NAMES + TTFT_NAMES + JSON_NAMES
+# at least 64 integers: a run cannot complete the JSON (and end) before its 128 tokens
+DECODE_SCHEMA = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 64}
 
 
 def workloads(short: bool = False) -> dict[str, Workload]:
@@ -148,6 +157,8 @@ def workloads(short: bool = False) -> dict[str, Workload]:
     out = {name: Workload(name, p // 32 if short else p, min(n, 8) if short else n) for name, (p, n) in full.items()}
     history = 4000 // 32 if short else 4000
     out["prefill50_after4000"] = Workload("prefill50_after4000", history + 50, 1, cached=history)
+    out["decode128_json_ctx1024"] = Workload("decode128_json_ctx1024", 1024 // 32 if short else 1024,
+                                             8 if short else 128, schema=True)
     return out
 
 
@@ -223,6 +234,10 @@ class EngineRunner:
         if workload.kind == "prefill":
             return lambda: engine.generate(prompt, max_new_tokens=1, ignore_eos=True).stats.prefill_ms
         # Benchmarks decode the full count: a random prompt on a real model may reach an EOS early.
+        if workload.schema:
+            params = tileinfer.SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True,
+                                              structured=tileinfer.StructuredOutput(json=DECODE_SCHEMA))
+            return lambda: engine.generate(prompt, params).stats.decode_tok_s
         return lambda: engine.generate(prompt, max_new_tokens=workload.new_tokens, ignore_eos=True).stats.decode_tok_s
 
     def layout(self) -> dict:

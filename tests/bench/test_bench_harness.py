@@ -9,7 +9,8 @@ import torch
 
 from bench import matrix, peers, shapes, timing
 from bench.__main__ import COMMANDS, main as bench
-from bench.workloads import ALL_NAMES, NAMES, TTFT_NAMES, WARMUP_TOKENS, EngineRunner, Measurement, Workload
+from bench.workloads import (ALL_NAMES, JSON_NAMES, NAMES, TTFT_NAMES, WARMUP_TOKENS, EngineRunner, Measurement,
+                             Workload)
 from bench.workloads import failure, measure, workloads
 
 
@@ -83,7 +84,7 @@ def test_long_prompt_ttft_workloads_are_prefills_outside_the_default_matrix():
     """prefill8192 and prefill32768: one new token, timed in ms, given as TFLOP/s and a fraction of
     the matmul peak like prefill1024; asked for by name, not run by default."""
     full, short = workloads(), workloads(short=True)
-    assert set(TTFT_NAMES) <= set(full) and not set(TTFT_NAMES) & set(NAMES) and ALL_NAMES == NAMES + TTFT_NAMES
+    assert set(TTFT_NAMES) <= set(full) and not set(TTFT_NAMES) & set(NAMES) and ALL_NAMES == NAMES + TTFT_NAMES + JSON_NAMES
     for name, tokens in (("prefill8192", 8192), ("prefill32768", 32768)):
         w = full[name]
         assert (w.prompt_tokens, w.new_tokens, w.kind, w.unit) == (tokens, 1, "prefill", "ms")
@@ -129,3 +130,14 @@ def test_every_command_has_a_truthful_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench(["no-such-command"])
     assert exit_.value.code == 2 and "invalid choice: 'no-such-command'" in capsys.readouterr().err
+
+
+def test_the_json_schema_workload_decodes_its_tokens_under_the_grammar(tiny_checkpoint):
+    """decode128_json_ctx1024 (short: 8 tokens) runs every token under DECODE_SCHEMA, which no run
+    can complete before its count: a decode rate over the full count, read on the host each step."""
+    pytest.importorskip("xgrammar")
+    w = workloads(short=True)["decode128_json_ctx1024"]
+    assert w.schema and w.kind == "decode" and w.name in JSON_NAMES
+    runner = EngineRunner(tiny_checkpoint, ["reference"], ["device=cpu", "dtype=float32"], w.positions())
+    assert runner.sample(w)() > 0
+    assert runner.engine.decoder.counters.steps == w.new_tokens - 1
