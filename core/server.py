@@ -218,7 +218,7 @@ def _prepare(engine, parsed) -> Prepared:
     if chat is not None and chat.structured is not None:
         if fields.get("structured") is not None:
             raise bad("tool_choice forces a tool call, response_format another shape: give one", "tool_choice")
-        fields["structured"] = chat.structured
+        fields["structured"] = constrain(engine, chat.structured, "tools")
     elif fields.get("structured") is not None:  # response_format or a guided_* field
         thinks = chat is not None and thinks_first(chat.form.mode, engine.tokenizer)
         fields["structured"] = constrain(engine, fields["structured"], structured_request(parsed)[1], thinks=thinks)

@@ -7,9 +7,9 @@ starts (``tileinfer.reasoning.thinking_mode``). The reply's answer is text witho
 with ``<tool_call>`` markup with tools ("auto"), or, for "required" and a named function, the body
 of one call that the grammar forces (``tileinfer.StructuredOutput`` with the JSON schema of
 ``tileinfer.tool_calls.call_schema``): from the first token, or after the reply's ``</think>``
-when it may think first (a template that thinks, as Qwen3's, with thinking left on; a model that
-never closes its thinking is then not held to the call). "none" renders the prompt without the
-tools, so the model is not offered them, and reads any markup it writes as text.
+when it thinks first (``tileinfer.server_structured.thinks_first``, as for ``response_format``).
+"none" renders the prompt without the tools, so the model is not offered them, and reads any
+markup it writes as text.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tileinfer.chat_output import FORCED, MARKUP, TEXT, ReplyFormat, render_chat
+from tileinfer.chat_output import FORCED, ReplyFormat, render_chat
 from tileinfer.errors import UsageError
 from tileinfer.openai_api import bad
-from tileinfer.reasoning import END_THINK, START, THINK, THINKING
+from tileinfer.reasoning import END_THINK
+from tileinfer.server_structured import thinks_first
 from tileinfer.server_tools import choice_of
 from tileinfer.tool_calls import call_schema
 
@@ -69,21 +70,17 @@ def chat_prompt(engine, parsed) -> ChatPrompt:
         tools = [tool.model_dump(exclude_none=True) for tool in parsed.tools]
     with _template_errors():
         text, form = render_chat(tokenizer, parsed.template_messages(), tools=tools, **kwargs)
-    mode = form.mode
     ids = tokenizer.encode(text, add_special_tokens=False)
-    thinks = mode == THINKING or (mode == START and THINK in (tokenizer.chat_template or ""))
-    after = END_THINK if thinks else None
-    if tools is None:
-        return ChatPrompt(ids, ReplyFormat(mode, TEXT), after)
-    if kind == "auto":
-        return ChatPrompt(ids, ReplyFormat(mode, MARKUP), after)
+    after = END_THINK if thinks_first(form.mode, tokenizer) else None
+    if tools is None or kind == "auto":
+        return ChatPrompt(ids, form, after)
     try:
         from tileinfer.structured import StructuredOutput
     except ImportError:
         raise bad(f"tool_choice {kind!r} needs structured outputs, which this tileinfer lacks", "tool_choice",
                   "unsupported_parameter") from None
     structured = StructuredOutput(json=call_schema(tools, name), after=after)
-    return ChatPrompt(ids, ReplyFormat(mode, FORCED), after, structured)
+    return ChatPrompt(ids, ReplyFormat(form.mode, FORCED), after, structured)
 
 
 __all__ = ["ChatPrompt", "chat_prompt", "render"]

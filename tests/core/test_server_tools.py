@@ -204,6 +204,9 @@ def test_tool_messages_in_the_history(client, scripted):
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
      "tools[0].function.parameters", "must be \"object\""),
     ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "given twice"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string", "pattern": "(?<=a)b"}}}}}]},
+     "tools", ""),  # a schema jsonschema takes but the grammar engine cannot compile (a lookbehind)
     ({"messages": [*USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]},
      "messages[1].tool_calls[0].function", ""),
 ])
@@ -228,11 +231,18 @@ def test_a_real_reply_that_does_not_think_is_all_answer(shipped):
     assert reply.choices[0].finish_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("thinking, after", [(None, "</think>"), (False, None)])
-def test_a_forced_call_is_a_grammar_on_the_answer(client, scripted, thinking, after):
-    kwargs = {} if thinking is None else {"chat_template_kwargs": {"enable_thinking": thinking}}
+@pytest.mark.parametrize("thinking, after", [(None, None), (False, None), ("open", "</think>")])
+def test_a_forced_call_is_a_grammar_on_the_answer(client, scripted, monkeypatch, thinking, after):
+    """The grammar starts after </think> where the reply thinks first (here: a template that leaves
+    <think> open); the shipped model's vocabulary has no <think> token, so with Qwen3's template and
+    thinking on its reply cannot open a thinking block in one token and is held from the start."""
+    kwargs = {"chat_template_kwargs": {"enable_thinking": thinking}} if thinking is False else {}
+    if thinking == "open":
+        monkeypatch.setattr(scripted.tokenizer, "chat_template",
+                            scripted.tokenizer.chat_template + "{% if add_generation_prompt %}<think>\n{% endif %}")
     body = '{"name": "get_weather", "arguments": {"city": "Oslo"}}'
-    reply = ask(client, scripted, (THOUGHT if thinking is None else "") + body, tools=[WEATHER, TIME],
+    reply = ask(client, scripted, ("The user asks.\n</think>\n\n" if thinking == "open" else "") + body,
+                tools=[WEATHER, TIME],
                 tool_choice="required", extra_body=kwargs)
     structured = scripted.params.structured
     assert (structured.json, structured.after) == (call_schema([WEATHER, TIME]), after)
@@ -252,17 +262,20 @@ def test_response_format_and_a_forced_call_do_not_mix(url):
     assert_error(r, 400, "tool_choice", "give one")
 
 
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-@pytest.mark.parametrize("stream", [False, True])
-def test_the_grammar_makes_the_shipped_model_call(shipped, tool_choice, stream):
+@pytest.mark.parametrize("tool_choice, stream, thinking", [
+    ("required", False, False), ("required", True, None),
+    ({"type": "function", "function": {"name": "get_weather"}}, False, None),
+    ({"type": "function", "function": {"name": "get_weather"}}, True, False)])
+def test_the_grammar_makes_the_shipped_model_call(shipped, tool_choice, stream, thinking):
     """No stand-in: the shipped model writes Python, yet with tool_choice "required" or a named
-    function its reply is a call whose arguments match the function's parameters."""
+    function its reply is a call whose arguments match the function's parameters (thinking on or
+    off: its vocabulary cannot open a thinking block, so the grammar holds it from the start)."""
     pytest.importorskip("xgrammar")
     jsonschema = pytest.importorskip("jsonschema")
     with running(shipped) as base:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
         kw = dict(model="target", messages=USER, max_tokens=48, tools=[WEATHER, TIME], tool_choice=tool_choice,
-                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                  extra_body={"chat_template_kwargs": {"enable_thinking": thinking}} if thinking is False else None)
         if stream:
             state = ChatCompletionStreamState()
             for chunk in client.chat.completions.create(stream=True, **kw):
