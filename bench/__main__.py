@@ -21,6 +21,7 @@ COMMANDS = {
     "server": ("server", "", "time to first token and tok/s through tileinfer serve against the engine"),
     "install": ("install", "", "the venv of pip install . against make install's, and generate run in it"),
     "quality": ("quality", "", "weight-only INT8 against the model dtype: KL and top-1 agreement"),
+    "grammars": ("grammar_engines", "", "xgrammar against llguidance: schema compile and per-token mask times"),
     "defaults": ("quality", "defaults_", "which sampling defaults keep the shipped model from looping"),
     "check": ("gpu", "check_", "one GPU call of measurements beside the matrix: steps, gemv, gemm, spec, ttft"),
     "compare": ("gpu", "compare_", "the default config of two commits, alternating, in one GPU call"),

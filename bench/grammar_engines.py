@@ -1,21 +1,23 @@
 """xgrammar against llguidance on tileinfer's schemas: compile time and per-token mask time.
 
-``python -m bench.grammar_engines [--model FOLDER]`` (default: the shipped model's tokenizer) compiles
+``python -m bench grammars [--model FOLDER]`` (default: the shipped model's tokenizer) compiles
 each schema of ``SCHEMAS`` with both engines (caches off: every compile is a cold one), then walks a
 valid instance of it token by token, timing the mask of each position (xgrammar
 ``fill_next_token_bitmask``, llguidance ``fill_next_token_bitmask``, both into a CPU bitmask) and
-checking that every token of the instance is allowed. Prints one line per engine and schema: the
-median of ``--repeat`` compiles, and the median and 99th percentile of the mask times. Needs both
-packages (``pip install xgrammar llguidance``); the engine uses xgrammar (``tileinfer.structured``).
+checking that every token of the instance is allowed. Prints and records (kind ``grammar_engines``,
+one record per engine and schema) the median of ``--repeat`` compiles, and the median and 99th
+percentile of the mask times. Needs both packages (``pip install xgrammar llguidance``); the engine
+uses xgrammar (``tileinfer.structured``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
+
+from . import records
 
 SCHEMAS = {
     "flat": ({"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
@@ -45,9 +47,9 @@ SCHEMAS = {
 }
 
 
-def _ms(seconds: list[float]) -> str:
+def _percentile_ms(seconds: list[float], q: float) -> float:
     ordered = sorted(seconds)
-    return f"median {statistics.median(ordered) * 1e3:.3f} ms, p99 {ordered[int(0.99 * (len(ordered) - 1))] * 1e3:.3f} ms"
+    return ordered[int(q * (len(ordered) - 1))] * 1e3
 
 
 def bench_xgrammar(tokenizer, vocab_size: int, eos: list[int], schema: dict, tokens: list[int],
@@ -101,24 +103,29 @@ def bench_llguidance(tokenizer, vocab_size: int, eos: list[int], schema: dict, t
     return compiles, masks
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments(p) -> None:
+    p.description = __doc__.split("\n\n")[0]
+    p.add_argument("--model", type=Path, default=None, help="a checkpoint folder (default: the shipped model)")
+    p.add_argument("--repeat", type=int, default=5, help="cold compiles per schema and engine")
+    records.arguments(p)
+
+
+def main(args) -> int:
     from tileinfer.checkpoint import read_checkpoint, shipped_model
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None, help="a checkpoint folder (default: the shipped model)")
-    parser.add_argument("--repeat", type=int, default=5, help="cold compiles per schema and engine")
-    args = parser.parse_args(argv)
     checkpoint = read_checkpoint(args.model or shipped_model())
     tokenizer, vocab_size = checkpoint.tokenizer, checkpoint.config.vocab_size
     print(f"tokenizer of {checkpoint.folder}: {tokenizer.vocab_size} tokens, lm_head {vocab_size} rows")
+    run = records.Run("cpu", commit=args.commit, path=args.records)
     for name, (schema, instance) in SCHEMAS.items():
         tokens = tokenizer.encode(json.dumps(instance, separators=(",", ":")), add_special_tokens=False)
-        for engine, run in (("xgrammar", bench_xgrammar), ("llguidance", bench_llguidance)):
-            compiles, masks = run(tokenizer, vocab_size, list(checkpoint.config.eos_token_ids), schema, tokens,
-                                  args.repeat)
-            print(f"{name:11s} {engine:10s} compile {statistics.median(compiles) * 1e3:8.2f} ms | "
-                  f"{len(masks)} masks: {_ms(masks)}")
-
-
-if __name__ == "__main__":
-    main()
+        for engine, bench in (("xgrammar", bench_xgrammar), ("llguidance", bench_llguidance)):
+            compiles, masks = bench(tokenizer, vocab_size, list(checkpoint.config.eos_token_ids), schema, tokens,
+                                    args.repeat)
+            r = run.add("grammar_engines", engine=engine, schema=name, model=checkpoint.folder.name,
+                        vocab=vocab_size, compile_ms=statistics.median(compiles) * 1e3, masks=len(masks),
+                        mask_median_ms=statistics.median(masks) * 1e3, mask_p99_ms=_percentile_ms(masks, 0.99))
+            print(f"{name:11s} {engine:10s} compile {r['compile_ms']:8.2f} ms | {len(masks)} masks: median "
+                  f"{r['mask_median_ms']:.3f} ms, p99 {r['mask_p99_ms']:.3f} ms")
+    print(f"appended {len(run.records)} records to {run.path}")
+    return 0
