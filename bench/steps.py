@@ -10,7 +10,8 @@ so every call is the same step. A record (kind ``step``) holds the ms, ``ratio_t
 once plus the cached K and V at the copy bandwidth of the same run); ``--profile`` adds each
 kernel's device time per step (``kernels_us``). ``--loop ngram@15`` also times the device loop's
 whole step with that proposer drafting K tokens (draft, verify of K + 1 tokens, acceptance: one
-graph replay), ``ratio_to_step1`` over the first variant's 1-token step.
+graph replay), for each variant (``--variant persistent``: the loop over the persistent step),
+``ratio_to_step1`` over the same variant's 1-token step.
 
 ``dflash-step``: at a target's shape with a random z-lab-format drafter of its width (kind
 ``dflash_step``): ``step1`` (a plain decode step), ``verify{B}`` (the target's verify of B tokens),
@@ -202,7 +203,7 @@ def main(args) -> int:
         (shape, write_random_checkpoint(shape, args.checkpoints / shape)) for shape in shapes]
     variants = args.variant or ["default"]
     for shape, folder in folders:
-        step1 = {}  # context -> the first variant's 1-token step, what the loop's ratios divide by
+        step1 = {}  # (variant, context) -> its 1-token step, what the variant's loop ratios divide by
         for variant in variants:
             base, *sets = variant.split("+")  # VARIANT+KEY=VALUE+...: an option tried without a new variant
             runner = EngineRunner(folder, *engine_args(base, sets), max(args.contexts) + max(args.tokens))
@@ -216,7 +217,7 @@ def main(args) -> int:
                         ms = step_ms(engine, t, n, args.repeats)
                         if t == 1:
                             base = ms
-                            step1.setdefault(n, ms)
+                            step1[variant, n] = ms
                         roof = decode_step_bytes(mc, n, **layout) / (limits["copy_bandwidth_tb_s"] * 1e12) * 1e3
                         profile = {"kernels_us": kernel_profile(engine, t, n)} if args.profile and GPU else {}
                         forward = engine.decoder.steps.forward_pass
@@ -231,18 +232,21 @@ def main(args) -> int:
                             print_timeline(profile["timeline"])
             finally:
                 runner.close()
-        for name, k in args.loop:
-            capacity = max(args.contexts) + (args.repeats + 12) * (MAX_LOOP_K + 1)
-            runner = EngineRunner(folder, *engine_args("default", [f"proposer={name}", f"spec_k={k}"]), capacity)
-            try:
-                for n in args.contexts:
-                    ms = loop_step_ms(runner.engine, k, n, args.repeats)
-                    run.add("step", shape=shape, variant="default", proposer=name, k=k, tokens=k + 1, context=n,
-                            value=ms, unit="ms", ratio_to_step1=ms / step1[n], **limits)
-                    print(f"{shape:11} {name}@{k:<7} loop N={n:6} {ms:8.3f} ms  x{ms / step1[n]:5.2f}", flush=True)
-            finally:
-                runner.close()
-                free_memory()
+        for variant in variants:
+            base, *sets = variant.split("+")
+            for name, k in args.loop:
+                capacity = max(args.contexts) + (args.repeats + 12) * (MAX_LOOP_K + 1)
+                runner = EngineRunner(folder, *engine_args(base, [*sets, f"proposer={name}", f"spec_k={k}"]), capacity)
+                try:
+                    for n in args.contexts:
+                        ms, plain = loop_step_ms(runner.engine, k, n, args.repeats), step1[variant, n]
+                        run.add("step", shape=shape, variant=variant, proposer=name, k=k, tokens=k + 1, context=n,
+                                value=ms, unit="ms", ratio_to_step1=ms / plain, **limits)
+                        print(f"{shape:11} {variant:10} {name}@{k:<7} loop N={n:6} {ms:8.3f} ms  x{ms / plain:5.2f}",
+                              flush=True)
+                finally:
+                    runner.close()
+                    free_memory()
     print(f"appended {len(run.records)} records to {run.path}")
     return 0
 
