@@ -8,8 +8,8 @@ import torch
 
 from tileinfer.backends.triton.interpreter import interpreted, kernels_run_on, sms_of
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, check_int8_pages
-from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, StepShape, layer_pointer_table,
-                                                       resident_programs)
+from tileinfer.backends.triton.persistent_plan import (ALIGN, StepBuffers, StepPlan, StepShape,
+                                                       layer_pointer_table, resident_programs)
 from tileinfer.backends.triton.persistent import launch_persistent_step
 from tileinfer.interfaces import ForwardPass, KVStore, RunSpec, Step
 from tileinfer.model import stack_forward
@@ -89,6 +89,11 @@ class PersistentForward(ForwardPass):
         formats = {(lin.weight.dtype, lin.scale is None) for lin in linears}
         if len(formats) > 1:
             return "the layers' linears store their weights in different formats"
+        read = [t for lin in linears for t in (lin.weight, lin.scale) if t is not None]
+        read += [t for layer in layers for t in (layer.qkv.norm.weight, layer.gate_up.norm.weight,
+                                                 layer.attention.q_norm_weight, layer.attention.k_norm_weight)]
+        if any(t.data_ptr() % ALIGN for t in read):
+            return f"a weight it reads is not {ALIGN}-byte aligned"
         return None
 
     def _shape(self, model) -> StepShape:

@@ -47,8 +47,10 @@ K_SCALE = tl.constexpr(plan_.LAYER_POINTERS.index("k_scale"))  # then v_scale, k
 
 @triton.jit
 def _ptr(layer_ptrs, layer, j: tl.constexpr, ty: tl.constexpr):
-    """Address ``j`` of ``layer``'s row of the pointer table (``NUM_PTRS`` columns) as a pointer to ``ty``."""
-    return tl.load(layer_ptrs + layer * NUM_PTRS + j).to(tl.pointer_type(ty))
+    """Address ``j`` of ``layer``'s row of the pointer table (``NUM_PTRS`` columns) as a pointer to ``ty``,
+    16-byte aligned (every address the table holds is: :func:`persistent_plan.layer_pointer_table`), so
+    that the compiler vectorizes the loads through it as through a kernel argument."""
+    return tl.multiple_of(tl.load(layer_ptrs + layer * NUM_PTRS + j).to(tl.pointer_type(ty)), 16)
 
 
 @triton.jit

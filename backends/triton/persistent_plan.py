@@ -21,6 +21,7 @@ LAYER_POINTERS = ("qkv_w", "qkv_s", "o_w", "o_s", "gate_up_w", "gate_up_s", "dow
                   "k_smooth")
 INT8_KV_POINTERS = ("k_scale", "v_scale", "k_smooth")
 NUM_PTRS = len(LAYER_POINTERS)
+ALIGN = 16  # bytes: every address of the table (the kernel reads through it in 16-byte vectors)
 
 
 @dataclass(frozen=True)
@@ -134,10 +135,15 @@ class StepBuffers:
 def layer_pointer_table(rows: list[dict[str, torch.Tensor | None]], device: torch.device) -> torch.Tensor:
     """int64 ``[layers, NUM_PTRS]`` of the tensors' addresses, in ``LAYER_POINTERS`` order (the
     tensors must stay alive as long as the table is used). The int8 pages' entries
-    (``INT8_KV_POINTERS``) may be absent or None: the K pages' address stands in (never read)."""
+    (``INT8_KV_POINTERS``) may be absent or None: the K pages' address stands in (never read).
+    Every address must be 16-byte aligned (the kernel loads through them in 16-byte vectors): a
+    ValueError names the first that is not."""
     def address(row: dict, name: str) -> int:
         t = row.get(name) if name in INT8_KV_POINTERS else row[name]
-        return (row["k_pages"] if t is None else t).data_ptr()
+        ptr = (row["k_pages"] if t is None else t).data_ptr()
+        if ptr % ALIGN:
+            raise ValueError(f"{name} at {ptr:#x} is not {ALIGN}-byte aligned")
+        return ptr
 
     table = [[address(row, name) for name in LAYER_POINTERS] for row in rows]
     return torch.tensor(table, dtype=torch.int64, device=device)

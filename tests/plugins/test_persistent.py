@@ -144,6 +144,18 @@ def test_what_it_does_not_cover_runs_the_per_op_step_with_one_notice(case, caplo
     assert torch.equal(out, ref) and not out.isnan().any()
 
 
+def test_a_weight_off_the_16_byte_grid_is_named(case, monkeypatch, caplog):
+    """The kernel loads weights in 16-byte vectors: a weight at an address off that grid (a view
+    into a larger buffer) runs the per-op step, with the reason."""
+    weight = case.model.layers[1].o_proj.weight
+    shifted = torch.zeros(weight.numel() + 1, dtype=weight.dtype)[1:].view_as(weight).copy_(weight)
+    monkeypatch.setattr(case.model.layers[1].o_proj, "weight", shifted)
+    with caplog.at_level(logging.WARNING, logger="tileinfer"):
+        fwd = PersistentForward(case.model, options=OPTIONS)
+    assert fwd.reason == "a weight it reads is not 16-byte aligned"
+    assert "not 16-byte aligned; those steps run the per-op step" in caplog.text
+
+
 def test_a_non_causal_step_matches_the_per_op_step(case):
     """Every query of a non-causal step (a block drafter's) sees every key of the step too."""
     step = Step.at(CONTEXT, 5, case.model.device, causal=False)
