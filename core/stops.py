@@ -119,7 +119,9 @@ class Completion:
 
 class StopTokenBan(Sampler):
     """``sampler`` (the engine's) with a generation's stop tokens banned, their logits set to
-    ``-inf``, at the positions before ``min_tokens`` (``ban``); the rest as ``sampler`` does it.
+    ``-inf``, at the positions before ``min_tokens`` (``ban``); the rest as ``sampler`` does it. A
+    row where nothing but a stop token is left (a structured output that can only end there) is not
+    banned: the generation ends before ``min_tokens`` rather than on a token nothing allows.
 
     The row of each logit is placed by the token history (row ``i`` follows ``history.length + i``
     tokens), which the decoder keeps while a ban is set (``uses_history``): exact for plain,
@@ -160,9 +162,12 @@ class StopTokenBan(Sampler):
         rows = min(logits.shape[0], self.until - (history.length - history.prompt_len))
         if rows <= 0:
             return logits, inner
-        logits = logits.clone()
-        logits[:rows, self.banned] = float("-inf")
-        return logits, inner
+        banned = logits.clone()
+        banned[:rows, self.banned] = float("-inf")
+        # a row the ban would leave without a token (a grammar that can only end there) keeps its stop tokens
+        empty = torch.isneginf(banned[:rows]).all(-1, keepdim=True)
+        banned[:rows] = torch.where(empty, logits[:rows], banned[:rows])
+        return banned, inner
 
     def probs(self, logits: torch.Tensor, history: TokenHistory | None = None) -> torch.Tensor:
         logits, history = self._banned(logits, history)

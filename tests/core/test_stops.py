@@ -11,7 +11,7 @@ import torch
 
 import tileinfer
 from conftest import reference_engine
-from tileinfer import SamplingParams
+from tileinfer import SamplingParams, StructuredOutput
 from tileinfer.interfaces import SamplingParams as SamplerParams
 from tileinfer.interfaces import TokenHistory
 from tileinfer.plugins.reference.sampler import ReferenceSampler
@@ -128,6 +128,26 @@ def test_the_ban_places_each_row_by_the_history():
     assert ban.probs(logits, history)[:, 7].tolist() == [0.0, 0.0, 1.0]
     ban.ban({7, 3}, 0)
     assert not ban.uses_history and ban.sample(logits, history).tokens.tolist() == [7, 7, 7]
+
+
+def test_a_row_with_nothing_but_stop_tokens_is_not_banned():
+    """A row where every other token is already at -inf (a structured output that can only end)
+    keeps its stop tokens: the ban never leaves a row with no token to sample."""
+    ban = StopTokenBan(ReferenceSampler(SamplerParams(), "cpu"))
+    ban.ban({7, 3}, 6)
+    history = TokenHistory([1, 2], 16, torch.device("cpu"))
+    logits = torch.zeros(2, 10)
+    logits[1] = float("-inf")
+    logits[1, 3] = 1.0
+    assert ban.sample(logits, history).tokens.tolist()[1] == 3
+    assert ban.probs(logits, history)[1, 3].item() == 1.0 and ban.probs(logits, history)[0, [3, 7]].sum() == 0
+
+
+def test_a_structured_output_that_completes_before_min_tokens_ends_there(engine):
+    choice = StructuredOutput(choice=["ab"])
+    free = engine.generate(PROMPT, SamplingParams(max_tokens=24, structured=choice))
+    held = engine.generate(PROMPT, SamplingParams(max_tokens=24, min_tokens=20, structured=choice))
+    assert held.text == free.text == "ab" and held.token_ids == free.token_ids
 
 
 def test_the_engine_honours_stop_token_ids_and_min_tokens(engine, tiny_checkpoint):
