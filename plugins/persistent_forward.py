@@ -36,6 +36,10 @@ class PersistentForward(ForwardPass):
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
                "multiprocessor", minimum=0),
+        Option("stages", int, 1, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
+               "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
+               "shared memory", minimum=1),
+        Option("x_ahead", bool, False, "each GEMV activation chunk loaded an iteration ahead too"),
         Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
                "in the forward pass's ``timeline``, its items in ``timeline_items``"),
     )
@@ -183,7 +187,7 @@ class PersistentForward(ForwardPass):
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
-                      causal=step.causal)
+                      causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

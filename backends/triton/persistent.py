@@ -84,6 +84,7 @@ def _persistent_step_kernel(
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
+    STAGES: tl.constexpr, X_AHEAD: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -105,7 +106,8 @@ def _persistent_step_kernel(
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 0, w_ty), _ptr(layer_ptrs, layer, 1, tl.float32),
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
-                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32)
+                      HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
+                      STAGES, X_AHEAD)
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
@@ -130,23 +132,27 @@ def _persistent_step_kernel(
         elif kind == O_PROJ:
             gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, -1, index * BN_O, c + C_ATTN, HKV,
-                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32)
+                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
+                      STAGES, X_AHEAD)
             signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
-                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32)
+                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
+                      STAGES, X_AHEAD)
             signal(c + C_ATTN + 2)
         elif kind == DOWN:
             gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
                       h_ptr, eps, h_ptr, cap_ptr, capture, index * BN_DOWN, c + C_ATTN + 2, tl.cdiv(INTER, BN_GU),
-                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32)
+                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32,
+                      STAGES, X_AHEAD)
             signal(c + C_ATTN + 3)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
-                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32)
+                      HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
+                      STAGES, X_AHEAD)
         if TIMELINE:
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
@@ -165,7 +171,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
-                           causal: bool = True, warmup: bool = False):
+                           causal: bool = True, stages: int = 1, x_ahead: bool = False, warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -177,8 +183,9 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
-    tokens (a block drafter's step). ``timeline``: int64 ``[n_items, 3]``, where each item's program, start
-    and end (ns of the GPU's global timer) are written (profiling; None: not). ``warmup``: compile,
+    tokens (a block drafter's step). ``stages``, ``x_ahead``: how the GEMV items load their chunks
+    (:func:`persistent_items.gemv_item`; the same bits). ``timeline``: int64 ``[n_items, 3]``, where
+    each item's program, start and end (ns of the GPU's global timer) are written (profiling; None: not). ``warmup``: compile,
     do not run; returns the compiled kernel (for :func:`resident_programs`). FMA contraction is off:
     the 1-token step (T compiled as a constant) and the others round alike."""
     t = positions.numel()
@@ -197,8 +204,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
               BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
               BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
               DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
-              DOT_PRECISION="ieee", TIMELINE=timeline is not None, num_warps=num_warps, num_stages=1,
-              maxnreg=max_registers or None, enable_fp_fusion=False)
+              DOT_PRECISION="ieee", TIMELINE=timeline is not None, STAGES=stages, X_AHEAD=x_ahead,
+              num_warps=num_warps, num_stages=1, maxnreg=max_registers or None, enable_fp_fusion=False)
     if warmup:
         return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)
     _persistent_step_kernel[(programs,)](*args, **kw)

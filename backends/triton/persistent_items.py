@@ -71,6 +71,11 @@ def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _load_x(x_rows, row_ok, k0, offs_k, K: tl.constexpr):
+    return tl.load(x_rows + k0, mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
 def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
     return tl.load(w_rows + k0, mask=n_ok[:, None] & (k0 + offs_k < K)[None, :], other=0,
                    eviction_policy="evict_first")
@@ -80,14 +85,18 @@ def _load_weight(w_rows, k0, offs_k, K: tl.constexpr, n_ok):
 def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, wait_ptr, wait_target,
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
+              X_AHEAD: tl.constexpr = False):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
     SWIGLU: rows ``n`` (gate) and ``UP_ROWS + n`` (up), each accumulator rounded to y's dtype,
     then ``silu(g) * u``. RESIDUAL: ``y = round(y + y_old)`` (in place: the residual stream).
     ``capture >= 0``: the result also at ``cap_ptr``. Waits for ``wait_ptr`` to reach
-    ``wait_target`` after its first weight loads."""
+    ``wait_target``. The weight chunks: STAGES 1, each chunk's successor loaded into registers
+    before the chunk's dot, the first before the wait; more, the compiler's software pipeline of
+    STAGES stages through shared memory, after the wait. X_AHEAD: each activation chunk loaded an
+    iteration ahead too. Neither changes an operation or its order: the same bits."""
     act_ty = x_ptr.dtype.element_ty
     offs_t = tl.arange(0, BLOCK_T)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -95,27 +104,41 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     row_ok = offs_t < T
     n_ok = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
-    wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
-    if SWIGLU:
-        wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
+    x_rows = x_ptr + offs_t[:, None] * K + offs_k[None, :]
+    if STAGES == 1:  # the first weight chunk in registers before the wait
+        wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
+        if SWIGLU:
+            wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
     wait_for(wait_ptr, wait_target)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + offs_t[:, None] * K + k0 + offs_k[None, :],
-                    mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+    if X_AHEAD:
+        x_next = _load_x(x_rows, row_ok, 0, offs_k, K)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        if X_AHEAD:  # each activation chunk loaded an iteration ahead, as the weights
+            x = x_next
+            x_next = _load_x(x_rows, row_ok, k0 + BLOCK_K, offs_k, K)
+        else:
+            x = _load_x(x_rows, row_ok, k0, offs_k, K)
         if NORM:
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
-        next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
-        acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
-        wg = next_g
-        if SWIGLU:
-            next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
-            acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
-            wu = next_u
+        if STAGES > 1:  # the compiler's pipeline keeps STAGES - 1 chunks in flight (through shared memory)
+            wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
+            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+            if SWIGLU:
+                wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
+                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+        else:  # each chunk's successor loaded before its dot
+            next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
+            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+            wg = next_g
+            if SWIGLU:
+                next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
+                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+                wu = next_u
     out_ty = y_ptr.dtype.element_ty
     if INT8:
         acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]

@@ -101,6 +101,16 @@ def test_rows_are_the_same_bits_in_one_step_or_several(case):
     assert torch.equal(case.kv.k, pages)
 
 
+@pytest.mark.parametrize("options", [{"stages": 3}, {"x_ahead": True}])
+def test_how_the_chunks_are_loaded_changes_no_bit(case, options):
+    case.restore()
+    plain, _ = case.step(case.persistent, CONTEXT, 3)
+    plain = plain.clone()
+    case.restore()
+    out, _ = case.step(PersistentForward(case.model, options={**OPTIONS, **options}), CONTEXT, 3)
+    assert torch.equal(out, plain)
+
+
 def test_last_only_and_no_logits(case):
     ref, _ = case.step(case.per_op, CONTEXT, 2, last_only=True)
     case.restore()

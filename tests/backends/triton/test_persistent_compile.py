@@ -33,7 +33,7 @@ def compile_step(int8: bool):
                   PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
                   BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2],
                   BN_DOWN=s.block_n[3], BN_LM=s.block_n[4], INT8=int8, LM_INT8=False, KV_INT8=int8, SMOOTH=int8,
-                  DOT_F32=False, UPCAST=False, DOT_PRECISION="ieee", TIMELINE=False)
+                  DOT_F32=False, UPCAST=False, DOT_PRECISION="ieee", TIMELINE=False, STAGES=1, X_AHEAD=False)
     types = {"items_ptr": "*i32", "counters_ptr": "*i32", "layer_ptrs": "*i64", "timeline_ptr": "*i64",
              "pos_ptr": "*i64", "eps": "fp32", "qk_scale": "fp32", "logits_ptr": "*fp32", "part_ptr": "*fp32",
              "stat_ptr": "*fp32", "bt_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lm_s_ptr": "*fp32",
