@@ -56,23 +56,29 @@ def signal(counter_ptr):
 
 
 @triton.jit
-def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
-    """``rsqrt(mean(x^2) + eps)`` of the 16 rows at ``x_ptr`` (``[16, K]`` contiguous), summed in
-    BLOCK_K chunks: ``[16, 1]`` float32."""
-    offs_t = tl.arange(0, BLOCK_T)
-    offs_k = tl.arange(0, BLOCK_K)
-    ss = tl.zeros([BLOCK_T], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + offs_t[:, None] * K + k0 + offs_k[None, :],
-                    mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
-        x = x.to(tl.float32)
-        ss += tl.sum(x * x, 1)
-    return tl.math.rsqrt(ss / K + eps)[:, None]
+def _load_x(x_rows, row_ok, k0, offs_k, K: tl.constexpr):
+    return tl.load(x_rows + k0, mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
 
 
 @triton.jit
-def _load_x(x_rows, row_ok, k0, offs_k, K: tl.constexpr):
-    return tl.load(x_rows + k0, mask=row_ok[:, None] & (k0 + offs_k < K)[None, :], other=0.0, cache_modifier=".cg")
+def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr, X_AHEAD: tl.constexpr = False):
+    """``rsqrt(mean(x^2) + eps)`` of the 16 rows at ``x_ptr`` (``[16, K]`` contiguous), summed in
+    BLOCK_K chunks: ``[16, 1]`` float32. X_AHEAD: each chunk loaded an iteration ahead (same bits)."""
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + offs_t[:, None] * K + offs_k[None, :]
+    ss = tl.zeros([BLOCK_T], tl.float32)
+    if X_AHEAD:
+        x_next = _load_x(x_rows, row_ok, 0, offs_k, K)
+    for k0 in range(0, K, BLOCK_K):
+        if X_AHEAD:
+            x = x_next
+            x_next = _load_x(x_rows, row_ok, k0 + BLOCK_K, offs_k, K)
+        else:
+            x = _load_x(x_rows, row_ok, k0, offs_k, K)
+        x = x.to(tl.float32)
+        ss += tl.sum(x * x, 1)
+    return tl.math.rsqrt(ss / K + eps)[:, None]
 
 
 @triton.jit
@@ -111,7 +117,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
             wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
     wait_for(wait_ptr, wait_target)
     if NORM:
-        rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
+        rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K, X_AHEAD)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     if X_AHEAD:
