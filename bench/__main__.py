@@ -22,6 +22,8 @@ COMMANDS = {
     "install": ("install", "", "the venv of pip install . against make install's, and generate run in it"),
     "quality": ("quality", "", "weight-only INT8 against the model dtype: KL and top-1 agreement"),
     "grammars": ("grammar_engines", "", "xgrammar against llguidance: schema compile and per-token mask times"),
+    "persistent-build": ("persistent_build", "", "the persistent step's kernel as sm_90 builds it, on the CPU: "
+                         "registers, spills, programs per SM, load widths"),
     "defaults": ("quality", "defaults_", "which sampling defaults keep the shipped model from looping"),
     "check": ("gpu", "check_", "one GPU call of measurements beside the matrix: steps, gemv, gemm, spec, ttft"),
     "compare": ("gpu", "compare_", "the default config of two commits, alternating, in one GPU call"),

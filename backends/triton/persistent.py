@@ -165,6 +165,24 @@ def _persistent_step_kernel(
             tl.store(counters_ptr + offs, tl.zeros([256], tl.int32), mask=offs < n_counters)
 
 
+def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
+                     timeline: bool = False, stages: int = 1, x_ahead: bool = False) -> dict:
+    """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
+    ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles)."""
+    s = shape
+    return dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
+                PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
+                BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
+                BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
+                DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
+                X_AHEAD=x_ahead)
+
+
+def compile_options(num_warps: int, max_registers: int) -> dict:
+    """The compiler options of a launch (FMA contraction off: see :func:`launch_persistent_step`)."""
+    return dict(num_warps=num_warps, num_stages=1, maxnreg=max_registers or None, enable_fp_fusion=False)
+
+
 def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, layer_ptrs: torch.Tensor,
                            positions: torch.Tensor, block_table: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                            lm_w: torch.Tensor, lm_s: torch.Tensor | None, final_norm: torch.Tensor,
@@ -199,13 +217,9 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
             act, bufs.qkv, bufs.q, bufs.attn, bufs.act, bufs.logits, bufs.capture, bufs.part, bufs.stat,
             block_table, cos, sin, cos.stride(0), lm_w, lm_s if lm_int8 else dummy, final_norm, layer_weight,
             *page_strides, *scale_strides)
-    kw = dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
-              PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
-              BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
-              BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
-              DOT_F32=dot_f32, UPCAST=dot_f32 and act.dtype != torch.float32,
-              DOT_PRECISION="ieee", TIMELINE=timeline is not None, STAGES=stages, X_AHEAD=x_ahead,
-              num_warps=num_warps, num_stages=1, maxnreg=max_registers or None, enable_fp_fusion=False)
+    kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
+                               upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
+                               stages=stages, x_ahead=x_ahead), **compile_options(num_warps, max_registers))
     if warmup:
         return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)
     _persistent_step_kernel[(programs,)](*args, **kw)

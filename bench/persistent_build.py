@@ -1,0 +1,119 @@
+"""The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
+no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
+(KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
+max_registers, stages, x_ahead) compiles the kernel with the specialization a launch gives it
+(pointers and strides multiples of 16) and prints and records (kind ``persistent_build``, machine
+``cpu``) what sets its speed before it runs: registers a thread, spilled bytes, shared memory, the
+programs of its grid that fit on a multiprocessor (``persistent_plan.resident_programs``' rule:
+65,536 registers in units of 8 a thread, 2,048 threads, 228 KiB of shared memory with 1 KiB more a
+program) and its global loads and stores by width (from the SASS, ``nvdisasm``): a load narrower
+than 32 bits on the weights or pages is a bug (the kernel loads them in 16-byte vectors).
+
+Every figure is the compiler's, not a measurement; the timing is ``python -m bench steps`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import records
+from .shapes import model_config
+
+REGISTERS, THREADS, SHARED, SHARED_RESERVED, REG_UNIT = 65536, 2048, 228 * 1024, 1024, 8
+INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages")
+
+
+def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool = False, **options) -> dict:
+    """Build the kernel for sm_90 (``options``: ``options.persistent``'s) and read what it takes."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from tileinfer.backends.triton import persistent as P
+    from tileinfer.backends.triton.persistent_plan import StepShape
+
+    mc = model_config(shape)
+    block_n = tuple(int(b) for b in str(options.get("block_n", "16,16,16,16,64")).split(","))
+    step = StepShape(hidden=mc.hidden_size, heads=mc.num_heads, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+                     intermediate=mc.intermediate_size, vocab=mc.vocab_size, layers=mc.num_layers, page_size=64,
+                     num_splits=options.get("num_splits", 16), chunk=options.get("chunk", 128),
+                     block_k=options.get("block_k", 256), block_n=block_n, kv_int8=kv_int8, k_smooth=kv_int8)
+    consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
+                                x_ahead=options.get("x_ahead", False))
+    compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))
+    kernel = P._persistent_step_kernel
+    names = list(inspect.signature(kernel.fn).parameters)
+    types = {"items_ptr": "*i32", "counters_ptr": "*i32", "layer_ptrs": "*i64", "timeline_ptr": "*i64",
+             "pos_ptr": "*i64", "eps": "fp32", "qk_scale": "fp32", "logits_ptr": "*fp32", "part_ptr": "*fp32",
+             "stat_ptr": "*fp32", "bt_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "lm_s_ptr": "*fp32",
+             "w_example_ptr": "*i8" if int8 else "*bf16"}
+    signature = {n: "constexpr" if n in consts else types.get(n, "*bf16" if n.endswith("_ptr") else "i32")
+                 for n in names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+               if signature[n].startswith("*") or n.startswith("stride")}
+    src = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=aligned)
+    compile_options = {k: v for k, v in compile_options.items() if v is not None}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=compile_options)
+    ptxas = get_ptxas(90)
+    ptxas = getattr(ptxas, "path", ptxas)
+    with tempfile.TemporaryDirectory() as work:
+        ptx, cubin = Path(work) / "step.ptx", Path(work) / "step.cubin"
+        ptx.write_text(compiled.asm["ptx"])
+        cubin.write_bytes(compiled.asm["cubin"])
+        cap = [f"--maxrregcount={compile_options['maxnreg']}"] if compile_options.get("maxnreg") else []
+        info = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(ptx), "-o", os.devnull, *cap],
+                              capture_output=True, text=True, check=True).stderr
+        sass = subprocess.run([str(Path(ptxas).with_name("nvdisasm")), "-c", str(cubin)], capture_output=True,
+                              text=True, check=True).stdout
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spill_stores, spill_loads = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads",
+                                                             info).groups())
+    shared, threads = compiled.metadata.shared, compile_options["num_warps"] * 32
+    fit = min(REGISTERS // (-(-regs // REG_UNIT) * REG_UNIT * threads), THREADS // threads,
+              SHARED // (shared + SHARED_RESERVED) if shared else THREADS)
+    memory = collections.Counter(m.group(1) for m in re.finditer(r"\b((?:LDG|STG)[.\w]*)", sass))
+    return {"shape": shape, "int8": int8, "kv_int8": kv_int8, "options": options, "registers": regs,
+            "spill_stores": spill_stores, "spill_loads": spill_loads, "shared_bytes": shared,
+            "programs_per_sm": fit, "global_memory": dict(sorted(memory.items()))}
+
+
+def narrow(memory: dict[str, int]) -> dict[str, int]:
+    """The global loads and stores of fewer than 32 bits (``LDG.E.U16``, ``STG.E.U8``, ...)."""
+    return {op: n for op, n in memory.items() if re.search(r"\.(U|S)(8|16)\b", op)}
+
+
+def option(text: str) -> tuple[str, object]:
+    key, _, value = text.partition("=")
+    if key not in (*INTS, "block_n", "x_ahead") or not value:
+        raise ValueError(f"{text}: expected KEY=VALUE, KEY one of {', '.join((*INTS, 'block_n', 'x_ahead'))}")
+    return key, int(value) if key in INTS else value.lower() == "true" if key == "x_ahead" else value
+
+
+def arguments(p) -> None:
+    p.description = __doc__.split("\n\n")[0]
+    p.add_argument("--shape", default="Qwen3-4B", help="model shape of bench/shapes.py (default Qwen3-4B)")
+    p.add_argument("--int8", action="store_true", help="int8 weights with float32 row scales")
+    p.add_argument("--kv-int8", action="store_true", help="int8 KV pages with float32 scales and key smoothing")
+    p.add_argument("options", nargs="*", type=option, metavar="KEY=VALUE", help="options.persistent.KEY")
+    records.arguments(p)
+
+
+def main(args) -> int:
+    result = compile_step(args.shape, int8=args.int8, kv_int8=args.kv_int8, **dict(args.options))
+    run = records.Run("cpu", commit=args.commit, path=args.records)
+    run.add("persistent_build", **result)
+    print(f"{result['shape']} int8 weights {result['int8']}, int8 pages {result['kv_int8']}, "
+          f"{result['options'] or 'default options'}: {result['registers']} registers, spills "
+          f"{result['spill_stores']} / {result['spill_loads']} bytes, {result['shared_bytes']} bytes of shared "
+          f"memory, {result['programs_per_sm']} programs per SM")
+    print("  global loads and stores: " + ", ".join(f"{op} {n}" for op, n in result["global_memory"].items()))
+    if narrow(result["global_memory"]):
+        print(f"  narrower than 32 bits: {narrow(result['global_memory'])}")
+    return 0
