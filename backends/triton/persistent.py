@@ -203,9 +203,10 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
     tokens (a block drafter's step). ``stages``, ``x_ahead``: how the GEMV items load their chunks
     (:func:`persistent_items.gemv_item`; the same bits). ``timeline``: int64 ``[n_items, 3]``, where
-    each item's program, start and end (ns of the GPU's global timer) are written (profiling; None: not). ``warmup``: compile,
-    do not run; returns the compiled kernel (for :func:`resident_programs`). FMA contraction is off:
-    the 1-token step (T compiled as a constant) and the others round alike."""
+    each item's program, start and end (ns of the GPU's global timer) are written (profiling; None:
+    not). ``warmup``: compile, do not run; returns the compiled kernel (for
+    :func:`resident_programs`). FMA contraction is off: the 1-token step (T compiled as a constant)
+    and the others round alike."""
     t = positions.numel()
     assert 1 <= t <= 16, f"the persistent step runs 1..16 tokens, got {t}"
     s, act = shape, bufs.h
