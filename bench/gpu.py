@@ -42,6 +42,7 @@ CHECKS = {
     "persistent": [(300, ["steps", "--variant", "default", "--variant", "persistent",
                           "--variant", "persistent+options.persistent.stages=3",
                           "--variant", "persistent+options.persistent.x_ahead=true",
+                          "--variant", "persistent+options.persistent.stages=3+options.persistent.x_ahead=true",
                           "--variant", "persistent+options.persistent.timeline=true", "--tokens", "1,16"]),
                    (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
                           "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
