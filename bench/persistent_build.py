@@ -1,7 +1,7 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, x_ahead) compiles the kernel with the specialization a launch gives it
+max_registers, stages, x_ahead, item_calls) compiles the kernel with the specialization a launch gives it
 (pointers and strides multiples of 16) and prints and records (kind ``persistent_build``, machine
 ``cpu``) what sets its speed before it runs: registers a thread, spilled bytes, shared memory, the
 programs of its grid that fit on a multiprocessor (``persistent_plan.resident_programs``' rule:
@@ -27,6 +27,7 @@ from .shapes import model_config
 
 REGISTERS, THREADS, SHARED, SHARED_RESERVED, REG_UNIT = 65536, 2048, 228 * 1024, 1024, 8
 INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages")
+BOOLS = ("x_ahead", "item_calls")
 
 
 def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool = False, **options) -> dict:
@@ -48,7 +49,7 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
     consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
                                 x_ahead=options.get("x_ahead", False))
     compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))
-    kernel = P._persistent_step_kernel
+    kernel = P.step_kernel(options.get("item_calls", False))
     names = list(inspect.signature(kernel.fn).parameters)
     types = {"items_ptr": "*i32", "counters_ptr": "*i32", "layer_ptrs": "*i64", "timeline_ptr": "*i64",
              "pos_ptr": "*i64", "eps": "fp32", "qk_scale": "fp32", "logits_ptr": "*fp32", "part_ptr": "*fp32",
@@ -91,9 +92,9 @@ def narrow(memory: dict[str, int]) -> dict[str, int]:
 
 def option(text: str) -> tuple[str, object]:
     key, _, value = text.partition("=")
-    if key not in (*INTS, "block_n", "x_ahead") or not value:
-        raise ValueError(f"{text}: expected KEY=VALUE, KEY one of {', '.join((*INTS, 'block_n', 'x_ahead'))}")
-    return key, int(value) if key in INTS else value.lower() == "true" if key == "x_ahead" else value
+    if key not in (*INTS, *BOOLS, "block_n") or not value:
+        raise ValueError(f"{text}: expected KEY=VALUE, KEY one of {', '.join((*INTS, *BOOLS, 'block_n'))}")
+    return key, int(value) if key in INTS else value.lower() == "true" if key in BOOLS else value
 
 
 def arguments(p) -> None:

@@ -40,6 +40,8 @@ class PersistentForward(ForwardPass):
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
         Option("x_ahead", bool, False, "each GEMV activation chunk loaded an iteration ahead too"),
+        Option("item_calls", bool, False, "the work items compiled as functions the kernel calls, not inlined: "
+               "each item keeps the registers it needs (inlined, the kernel takes its items' registers together)"),
         Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
                "in the forward pass's ``timeline``, its items in ``timeline_items``"),
     )
@@ -187,7 +189,8 @@ class PersistentForward(ForwardPass):
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
-                      causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"])
+                      causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"],
+                      item_calls=self.options["item_calls"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

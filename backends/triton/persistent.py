@@ -28,6 +28,8 @@ takes every item in order (every wait is then already satisfied when checked).
 
 from __future__ import annotations
 
+import types
+
 import torch
 import triton
 import triton.language as tl
@@ -165,6 +167,21 @@ def _persistent_step_kernel(
             tl.store(counters_ptr + offs, tl.zeros([256], tl.int32), mask=offs < n_counters)
 
 
+def _items_as_calls(kernel):
+    """``kernel`` with its work items (the GEMV, attention-input and attention items) compiled as
+    functions it calls, not inlined: the compiler then cannot hoist one item's loop invariants out
+    of the item loop, where they hold registers through every other item (what makes the inlined
+    kernel take the registers of its items together). Same source, same arithmetic."""
+    fn = kernel.fn
+    names = dict(fn.__globals__)
+    for item in (gemv_item, attention_inputs_item, attention_item):
+        names[item.fn.__name__] = triton.jit(item.fn, noinline=True)
+    return triton.jit(types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__))
+
+
+_step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)
+
+
 def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
                      timeline: bool = False, stages: int = 1, x_ahead: bool = False) -> dict:
     """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
@@ -189,7 +206,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
-                           causal: bool = True, stages: int = 1, x_ahead: bool = False, warmup: bool = False):
+                           causal: bool = True, stages: int = 1, x_ahead: bool = False, item_calls: bool = False,
+                           warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -202,7 +220,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
     tokens (a block drafter's step). ``stages``, ``x_ahead``: how the GEMV items load their chunks
-    (:func:`persistent_items.gemv_item`; the same bits). ``timeline``: int64 ``[n_items, 3]``, where
+    (:func:`persistent_items.gemv_item`; the same bits). ``item_calls``: the kernel whose work items
+    are calls, not inlined (:func:`_items_as_calls`). ``timeline``: int64 ``[n_items, 3]``, where
     each item's program, start and end (ns of the GPU's global timer) are written (profiling; None:
     not). ``warmup``: compile, do not run; returns the compiled kernel (for
     :func:`resident_programs`). FMA contraction is off: the 1-token step (T compiled as a constant)
@@ -221,7 +240,13 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
                                upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
                                stages=stages, x_ahead=x_ahead), **compile_options(num_warps, max_registers))
+    kernel = step_kernel(item_calls)
     if warmup:
-        return _persistent_step_kernel.warmup(*args, grid=(programs,), **kw)
-    _persistent_step_kernel[(programs,)](*args, **kw)
+        return kernel.warmup(*args, grid=(programs,), **kw)
+    kernel[(programs,)](*args, **kw)
     return None
+
+
+def step_kernel(item_calls: bool = False):
+    """The step's kernel: its work items inlined, or (``item_calls``) called (:func:`_items_as_calls`)."""
+    return _step_kernel_calling_items if item_calls else _persistent_step_kernel

@@ -101,7 +101,7 @@ def test_rows_are_the_same_bits_in_one_step_or_several(case):
     assert torch.equal(case.kv.k, pages)
 
 
-@pytest.mark.parametrize("options", [{"stages": 3}, {"x_ahead": True}])
+@pytest.mark.parametrize("options", [{"stages": 3}, {"x_ahead": True}, {"item_calls": True}])
 def test_how_the_chunks_are_loaded_changes_no_bit(case, options):
     case.restore()
     plain, _ = case.step(case.persistent, CONTEXT, 3)

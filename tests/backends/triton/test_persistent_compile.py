@@ -3,7 +3,8 @@ compiler, and loads its weights and KV pages in 16-byte vectors: no global load 
 than 32 bits (a bfloat16 or int8 element at a time, what it compiled to while the pointer table's
 addresses carried no alignment). Qwen3-4B shapes and the default options, through
 ``bench.persistent_build.compile_step`` (the specialization a launch gives it: pointers and strides
-multiples of 16); BF16 weights with BF16 pages, INT8 weights with INT8 pages. Runs in a subprocess:
+multiples of 16); BF16 weights with BF16 pages, INT8 weights with INT8 pages, and the build whose
+items are calls capped at 128 registers (4 programs a multiprocessor). Runs in a subprocess:
 this test session imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ SCRIPT = f'''
 import json, sys
 sys.path.insert(0, {str(ROOT)!r})
 from bench.persistent_build import compile_step
-print(json.dumps([compile_step("Qwen3-4B"), compile_step("Qwen3-4B", int8=True, kv_int8=True)]))
+print(json.dumps([compile_step("Qwen3-4B"), compile_step("Qwen3-4B", int8=True, kv_int8=True),
+                  compile_step("Qwen3-4B", item_calls=True, max_registers=128)]))
 '''
 
 
