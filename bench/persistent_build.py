@@ -1,7 +1,7 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, x_ahead, item_calls) compiles the kernel with the specialization a launch gives it
+max_registers, stages, x_ahead, item_calls, split_k) compiles the kernel with the specialization a launch gives it
 (pointers and strides multiples of 16) and prints and records (kind ``persistent_build``, machine
 ``cpu``) what sets its speed before it runs: registers a thread, spilled bytes, shared memory, the
 programs of its grid that fit on a multiprocessor (``persistent_plan.resident_programs``' rule:
@@ -26,7 +26,7 @@ from . import records
 from .shapes import model_config
 
 REGISTERS, THREADS, SHARED, SHARED_RESERVED, REG_UNIT = 65536, 2048, 228 * 1024, 1024, 8
-INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages")
+INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
 BOOLS = ("x_ahead", "item_calls")
 
 
@@ -45,7 +45,8 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
     step = StepShape(hidden=mc.hidden_size, heads=mc.num_heads, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                      intermediate=mc.intermediate_size, vocab=mc.vocab_size, layers=mc.num_layers, page_size=64,
                      num_splits=options.get("num_splits", 16), chunk=options.get("chunk", 128),
-                     block_k=options.get("block_k", 256), block_n=block_n, kv_int8=kv_int8, k_smooth=kv_int8)
+                     block_k=options.get("block_k", 256), block_n=block_n, split_k=options.get("split_k", 1),
+                     kv_int8=kv_int8, k_smooth=kv_int8)
     consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
                                 x_ahead=options.get("x_ahead", False))
     compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))

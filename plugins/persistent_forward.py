@@ -36,6 +36,8 @@ class PersistentForward(ForwardPass):
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
                "multiprocessor", minimum=0),
+        Option("split_k", int, 1, "K runs of each o_proj and down tile, their partial sums added by the tile's last "
+               "run in run order (more items, each shorter: the stages with the fewest tiles)", minimum=1),
         Option("stages", int, 1, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
@@ -111,7 +113,8 @@ class PersistentForward(ForwardPass):
             block_n, splits = tuple(max(b, 64) for b in block_n), min(splits, 2)
         return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                          intermediate=c.intermediate_size, vocab=model.lm_head.out_features, layers=c.num_layers,
-                         page_size=0, num_splits=splits, chunk=o["chunk"], block_k=o["block_k"], block_n=block_n)
+                         page_size=0, num_splits=splits, chunk=o["chunk"], block_k=o["block_k"], block_n=block_n,
+                         split_k=o["split_k"])
 
     def _note(self, reason: str | None) -> None:
         if reason is not None and reason not in self._noticed:

@@ -77,7 +77,7 @@ def _now():
 def _persistent_step_kernel(
     items_ptr, n_items, counters_ptr, n_counters, layer_ptrs, timeline_ptr,
     pos_ptr, T, causal, eps, qk_scale,
-    h_ptr, qkv_ptr, q_ptr, attn_ptr, act_ptr, logits_ptr, cap_ptr, part_ptr, stat_ptr,
+    h_ptr, qkv_ptr, q_ptr, attn_ptr, act_ptr, logits_ptr, cap_ptr, part_ptr, stat_ptr, split_ptr,
     bt_ptr, cos_ptr, sin_ptr, stride_cs, lm_w_ptr, lm_s_ptr, final_norm_ptr, w_example_ptr,
     stride_kp, stride_kh, stride_ks, stride_sp, stride_sh,
     HIDDEN: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, INTER: tl.constexpr,
@@ -86,7 +86,7 @@ def _persistent_step_kernel(
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
-    STAGES: tl.constexpr, X_AHEAD: tl.constexpr,
+    STAGES: tl.constexpr, X_AHEAD: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -94,6 +94,9 @@ def _persistent_step_kernel(
     C_ATTN: tl.constexpr = 1 + 2 * HKV
     act_ty = h_ptr.dtype.element_ty
     w_ty = w_example_ptr.dtype.element_ty
+    NT_O: tl.constexpr = (HIDDEN + BN_O - 1) // BN_O
+    NT_DOWN: tl.constexpr = (HIDDEN + BN_DOWN - 1) // BN_DOWN
+    tiles = counters_ptr + (n_counters - 1) // (CPL + NT_O + NT_DOWN) * CPL  # after the layers' own counters
     n_programs = tl.num_programs(0)
     for i in range(tl.program_id(0), n_items, n_programs):
         if TIMELINE:
@@ -102,7 +105,7 @@ def _persistent_step_kernel(
         layer = tl.load(items_ptr + i * 4 + 1)
         index = tl.load(items_ptr + i * 4 + 2)
         capture = tl.load(items_ptr + i * 4 + 3)
-        c = counters_ptr + layer * CPL  # this layer's counters
+        c = counters_ptr + layer * CPL  # this layer's counters; then every layer's split tiles' counters
         if kind == QKV:
             prev = counters_ptr + tl.maximum(layer - 1, 0) * CPL + C_ATTN + 3  # the layer before's down
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 0, w_ty), _ptr(layer_ptrs, layer, 1, tl.float32),
@@ -132,11 +135,14 @@ def _persistent_step_kernel(
             if combined != 0:
                 signal(c + C_ATTN)
         elif kind == O_PROJ:
-            gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
-                      h_ptr, eps, h_ptr, cap_ptr, -1, index * BN_O, c + C_ATTN, HKV,
-                      H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD)
-            signal(c + C_ATTN + 1)
+            tile = index % NT_O
+            wrote = gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
+                              h_ptr, eps, h_ptr, cap_ptr, -1, tile * BN_O, c + C_ATTN, HKV,
+                              H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
+                              STAGES, X_AHEAD, SPLIT_O, index // NT_O, split_ptr,
+                              tiles + layer * (NT_O + NT_DOWN) + tile)
+            if wrote != 0:
+                signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
@@ -145,11 +151,14 @@ def _persistent_step_kernel(
                       STAGES, X_AHEAD)
             signal(c + C_ATTN + 2)
         elif kind == DOWN:
-            gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
-                      h_ptr, eps, h_ptr, cap_ptr, capture, index * BN_DOWN, c + C_ATTN + 2, tl.cdiv(INTER, BN_GU),
-                      INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD)
-            signal(c + C_ATTN + 3)
+            tile = index % NT_DOWN
+            wrote = gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
+                              h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_ATTN + 2,
+                              tl.cdiv(INTER, BN_GU), INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
+                              DOT_F32, STAGES, X_AHEAD, SPLIT_DOWN, index // NT_DOWN, split_ptr,
+                              tiles + layer * (NT_O + NT_DOWN) + NT_O + tile)
+            if wrote != 0:
+                signal(c + C_ATTN + 3)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
@@ -192,7 +201,7 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
                 BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
-                X_AHEAD=x_ahead)
+                X_AHEAD=x_ahead, SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1])
 
 
 def compile_options(num_warps: int, max_registers: int) -> dict:
@@ -234,7 +243,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     args = (plan.items, plan.items.shape[0], bufs.counters, bufs.counters.numel(), layer_ptrs,
             bufs.counters if timeline is None else timeline,
             positions, t, int(causal), eps, s.head_dim ** -0.5 * 1.4426950408889634,
-            act, bufs.qkv, bufs.q, bufs.attn, bufs.act, bufs.logits, bufs.capture, bufs.part, bufs.stat,
+            act, bufs.qkv, bufs.q, bufs.attn, bufs.act, bufs.logits, bufs.capture, bufs.part, bufs.stat, bufs.split,
             block_table, cos, sin, cos.stride(0), lm_w, lm_s if lm_int8 else dummy, final_norm, layer_weight,
             *page_strides, *scale_strides)
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,

@@ -92,7 +92,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
-              X_AHEAD: tl.constexpr = False):
+              X_AHEAD: tl.constexpr = False, SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
@@ -102,7 +102,11 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     ``wait_target``. The weight chunks: STAGES 1, each chunk's successor loaded into registers
     before the chunk's dot, the first before the wait; more, the compiler's software pipeline of
     STAGES stages through shared memory, after the wait. X_AHEAD: each activation chunk loaded an
-    iteration ahead too. Neither changes an operation or its order: the same bits."""
+    iteration ahead too. Neither changes an operation or its order: the same bits. SPLITS > 1 (not
+    with SWIGLU): this item sums the ``split``-th of SPLITS equal runs of K chunks into the float32
+    scratch ``split_ptr`` (``[SPLITS, 16, N]``) and counts itself in ``tile_counter``; the tile's
+    last split adds the partial sums up in split order and runs the epilogue. Returns 1 where this
+    item wrote the output (always with SPLITS 1), else 0."""
     act_ty = x_ptr.dtype.element_ty
     offs_t = tl.arange(0, BLOCK_T)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -111,18 +115,21 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     n_ok = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
     x_rows = x_ptr + offs_t[:, None] * K + offs_k[None, :]
+    K_RUN: tl.constexpr = (((K + BLOCK_K - 1) // BLOCK_K + SPLITS - 1) // SPLITS) * BLOCK_K  # K per split
+    k_lo = split * K_RUN
+    k_hi = tl.minimum(k_lo + K_RUN, K)
     if STAGES == 1:  # the first weight chunk in registers before the wait
-        wg = _load_weight(w_rows, 0, offs_k, K, n_ok)
+        wg = _load_weight(w_rows, k_lo, offs_k, K, n_ok)
         if SWIGLU:
-            wu = _load_weight(w_rows + UP_ROWS * K, 0, offs_k, K, n_ok)
+            wu = _load_weight(w_rows + UP_ROWS * K, k_lo, offs_k, K, n_ok)
     wait_for(wait_ptr, wait_target)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K, X_AHEAD)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     if X_AHEAD:
-        x_next = _load_x(x_rows, row_ok, 0, offs_k, K)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        x_next = _load_x(x_rows, row_ok, k_lo, offs_k, K)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         if X_AHEAD:  # each activation chunk loaded an iteration ahead, as the weights
             x = x_next
             x_next = _load_x(x_rows, row_ok, k0 + BLOCK_K, offs_k, K)
@@ -145,19 +152,32 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
                 next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
                 acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
                 wu = next_u
-    out_ty = y_ptr.dtype.element_ty
-    if INT8:
-        acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-        if SWIGLU:
-            acc_u = acc_u * tl.load(s_ptr + UP_ROWS + offs_n, mask=n_ok, other=0.0)[None, :]
-    if SWIGLU:
-        acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
-    mask = row_ok[:, None] & n_ok[None, :]
     at = offs_t[:, None] * N + offs_n[None, :]
-    y = add_residual(acc.to(out_ty), y_ptr + at, mask, RESIDUAL)
-    tl.store(y_ptr + at, y, mask=mask)
-    if capture >= 0:
-        tl.store(cap_ptr + capture.to(tl.int64) * (BLOCK_T * N) + at, y, mask=mask)
+    wrote = 1
+    if SPLITS > 1:
+        tl.static_assert(not SWIGLU, "split K runs are for the plain and residual GEMVs")
+        tl.store(split_ptr + split * (BLOCK_T * N) + at, acc, mask=n_ok[None, :])
+        tl.debug_barrier()
+        wrote = (tl.atomic_add(tile_counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1).to(tl.int32)
+        if wrote != 0:  # the tile's last split: the partial sums in split order
+            acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+            for j in range(SPLITS):
+                acc += tl.load(split_ptr + j * (BLOCK_T * N) + at, mask=n_ok[None, :], other=0.0,
+                               cache_modifier=".cg")
+    if wrote != 0:
+        out_ty = y_ptr.dtype.element_ty
+        if INT8:
+            acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+            if SWIGLU:
+                acc_u = acc_u * tl.load(s_ptr + UP_ROWS + offs_n, mask=n_ok, other=0.0)[None, :]
+        if SWIGLU:
+            acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
+        mask = row_ok[:, None] & n_ok[None, :]
+        y = add_residual(acc.to(out_ty), y_ptr + at, mask, RESIDUAL)
+        tl.store(y_ptr + at, y, mask=mask)
+        if capture >= 0:
+            tl.store(cap_ptr + capture.to(tl.int64) * (BLOCK_T * N) + at, y, mask=mask)
+    return wrote
 
 
 @triton.jit

@@ -41,6 +41,7 @@ class StepShape:
     attn_block: int = 64  # keys per attention tile
     block_k: int = 256
     block_n: tuple[int, int, int, int, int] = (16, 16, 16, 16, 64)  # qkv, o_proj, gate_up, down, lm_head
+    split_k: int = 1  # K runs of the o_proj and down tiles (at most: no run left empty)
     kv_int8: bool = False  # int8 pages with float32 scales per vector (kv_store=paged_int8)
     k_smooth: bool = False  # with kv_int8: the keys are divided by a per-layer smoothing
 
@@ -57,11 +58,20 @@ class StepShape:
         outs = (self.qkv_rows, self.hidden, self.intermediate, self.hidden, self.vocab)
         return tuple(triton.cdiv(n, b) for n, b in zip(outs, self.block_n))
 
+    def k_splits(self) -> tuple[int, int]:
+        """The K runs of an o_proj and a down tile: ``split_k``, fewer where a run would be empty."""
+        def runs(k: int) -> int:
+            chunks = triton.cdiv(k, self.block_k)
+            return triton.cdiv(chunks, triton.cdiv(chunks, min(self.split_k, chunks)))
+        return runs(self.heads * self.head_dim), runs(self.intermediate)
+
     @property
     def num_counters(self) -> int:
         """Per layer: qkv, attention inputs and splits per kv head, attention, o_proj, gate_up,
-        down; then the count of finished programs."""
-        return self.layers * (5 + 2 * self.kv_heads) + 1
+        down; then per layer the runs finished of each o_proj and down tile; then the count of
+        finished programs."""
+        _, n_o, _, n_down, _ = self.tiles()
+        return self.layers * (5 + 2 * self.kv_heads) + self.layers * (n_o + n_down) + 1
 
 
 @dataclass
@@ -83,10 +93,11 @@ class StepPlan:
             rows += [(ATTN_IN, layer, g, -1) for g in range(shape.kv_heads)]
             rows += [(ATTN, layer, g * shape.num_splits + s, -1)
                      for s in range(shape.num_splits) for g in range(shape.kv_heads)]
-            rows += [(O_PROJ, layer, i, -1) for i in range(n_o)]
+            split_o, split_down = shape.k_splits()
+            rows += [(O_PROJ, layer, i, -1) for i in range(n_o * split_o)]  # run i // n_o of tile i % n_o
             rows += [(GATE_UP, layer, i, -1) for i in range(n_gu)]
             slot = capture.index(layer) if layer in capture else -1
-            rows += [(DOWN, layer, i, slot) for i in range(n_down)]
+            rows += [(DOWN, layer, i, slot) for i in range(n_down * split_down)]
         if logits:
             rows += [(LM_HEAD, shape.layers - 1, i, -1) for i in range(n_lm)]
         return cls(torch.tensor(rows, dtype=torch.int32, device=device), tuple(capture))
@@ -96,8 +107,8 @@ class StepPlan:
 class StepBuffers:
     """Everything the kernel writes, sized for 16 token rows: the residual stream ``h``, the qkv
     projection, the rotated q heads, the attention output, the SwiGLU activations, float32 logits,
-    captured layer outputs, the attention partials and statistics, the counters (zero between
-    launches)."""
+    captured layer outputs, the attention partials and statistics, the split K runs' partial sums,
+    the counters (zero between launches)."""
 
     h: torch.Tensor
     qkv: torch.Tensor
@@ -108,6 +119,7 @@ class StepBuffers:
     capture: torch.Tensor
     part: torch.Tensor
     stat: torch.Tensor
+    split: torch.Tensor
     counters: torch.Tensor
 
     @classmethod
@@ -122,6 +134,7 @@ class StepBuffers:
                    attn=zeros(rows, s.heads * s.head_dim), act=zeros(rows, s.intermediate),
                    logits=zeros(rows, s.vocab, dt=torch.float32), capture=zeros(max(captures, 1), rows, s.hidden),
                    part=zeros(partials * s.head_dim, dt=torch.float32), stat=zeros(2 * partials, dt=torch.float32),
+                   split=zeros(max(s.k_splits()), rows, s.hidden, dt=torch.float32),
                    counters=zeros(s.num_counters, dt=torch.int32))
 
     def poison(self) -> None:

@@ -103,12 +103,30 @@ def test_rows_are_the_same_bits_in_one_step_or_several(case):
 
 @pytest.mark.parametrize("options", [{"stages": 3}, {"x_ahead": True}, {"item_calls": True}])
 def test_how_the_chunks_are_loaded_changes_no_bit(case, options):
+    """Options that change when a chunk is loaded, or how the kernel is compiled, not what it adds up."""
     case.restore()
     plain, _ = case.step(case.persistent, CONTEXT, 3)
     plain = plain.clone()
     case.restore()
     out, _ = case.step(PersistentForward(case.model, options={**OPTIONS, **options}), CONTEXT, 3)
     assert torch.equal(out, plain)
+
+
+def test_split_k_runs_match_the_per_op_step_and_keep_rows_batch_invariant(case):
+    """o_proj and down tiles in K runs (their partial sums added in run order by the tile's last):
+    the per-op step's logits, and a token's row the same bits alone or in a step of several."""
+    split = PersistentForward(case.model, options={**OPTIONS, "split_k": 2})
+    case.restore()
+    ref, _ = case.step(case.per_op, CONTEXT, 3)
+    case.restore()
+    _, bufs = split._bind(case.kv)
+    bufs.poison()
+    together, _ = case.step(split, CONTEXT, 3)
+    torch.testing.assert_close(together, ref, **TOL)
+    together = together.clone()
+    case.restore()
+    alone, _ = case.step(split, CONTEXT, 1)
+    assert torch.equal(alone[0], together[0]) and not bufs.counters.any()
 
 
 def test_last_only_and_no_logits(case):

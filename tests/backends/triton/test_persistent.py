@@ -12,6 +12,7 @@ activations (hidden states up to about 4, where an ulp is 3.9e-3; logits up to a
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -51,9 +52,12 @@ def weights(dtype: torch.dtype, int8: bool, g: torch.Generator) -> tuple[list[di
     return layers, dict(lm_w=lm_w, lm_s=lm_s, final_norm=norm(HIDDEN), block_table=torch.randperm(pages).int())
 
 
-@pytest.mark.parametrize("dtype, t, int8", [(torch.float32, 3, False), (torch.float16, 1, False),
-                                            (torch.float32, 2, True)])
-def test_the_step_is_its_twin(dtype, t, int8):
+@pytest.mark.parametrize("dtype, t, int8, split_k", [(torch.float32, 3, False, 1), (torch.float16, 1, False, 1),
+                                                     (torch.float32, 2, True, 1), (torch.float32, 3, False, 2),
+                                                     (torch.float32, 2, True, 3)])
+def test_the_step_is_its_twin(dtype, t, int8, split_k):
+    """``split_k``: o_proj (4 K chunks) and down (3) in runs of 2 / 2 and 2 / 1 chunks, 2 and 3 runs."""
+    shape = dataclasses.replace(SHAPE, split_k=split_k)
     g = torch.Generator().manual_seed(t)
     layers, rest = weights(dtype, int8, g)
     angles = torch.arange(START + 16)[:, None] * torch.rand(D // 2, generator=g)[None, :]
@@ -64,12 +68,12 @@ def test_the_step_is_its_twin(dtype, t, int8):
     ref, ref_hidden = decode_step(h, twin_layers, rest["lm_w"], rest["lm_s"], rest["final_norm"], positions,
                                   rest["block_table"], cos, sin, 1e-6, HEADS, KV_HEADS, D, capture=(0,))
 
-    bufs = StepBuffers.allocate(SHAPE, dtype, torch.device("cpu"), captures=1)
+    bufs = StepBuffers.allocate(shape, dtype, torch.device("cpu"), captures=1)
     bufs.poison()
     bufs.h[:t] = h
-    plan = StepPlan.build(SHAPE, torch.device("cpu"), capture=(0,))
+    plan = StepPlan.build(shape, torch.device("cpu"), capture=(0,))
     table = layer_pointer_table(layers, torch.device("cpu"))
-    launch_persistent_step(plan, SHAPE, bufs, table, positions, rest["block_table"], cos, sin, rest["lm_w"],
+    launch_persistent_step(plan, shape, bufs, table, positions, rest["block_table"], cos, sin, rest["lm_w"],
                            rest["lm_s"] if int8 else None, rest["final_norm"], layers[0]["qkv_w"],
                            tuple(layers[0]["k_pages"].stride()[:3]), 1e-6, 1, True)
     torch.testing.assert_close(bufs.logits[:t], ref, **TOL[dtype])
