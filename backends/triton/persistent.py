@@ -16,7 +16,8 @@ machine: :func:`resident_programs`). The step is a list of work items in depende
 on the host by :class:`StepPlan`): per layer the qkv GEMV tiles (input RMSNorm in each tile's
 prologue), one attention-input item per kv head (q/k RMSNorm, RoPE, the K/V page write),
 ``NUM_SPLITS`` attention items per kv head (the last one combines), the o_proj tiles (+ residual),
-the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual); then the lm_head
+the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual; o_proj and down tiles
+in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, the last run of a tile adding the runs' sums); then the lm_head
 tiles (final RMSNorm, float32 logits). Program ``p`` takes items ``p, p + programs, ...`` in
 order; an item waits on the int32 counter its inputs increment (persistent_items.py), never on a
 kernel boundary, and loads its first weight chunk before it waits. Every GEMV tile is
