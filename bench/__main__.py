@@ -25,7 +25,7 @@ COMMANDS = {
     "persistent-build": ("persistent_build", "", "the persistent step's kernel as sm_90 builds it, on the CPU: "
                          "registers, spills, programs per SM, load widths"),
     "defaults": ("quality", "defaults_", "which sampling defaults keep the shipped model from looping"),
-    "check": ("gpu", "check_", "one GPU call of measurements beside the matrix: steps, gemv, gemm, spec, ttft"),
+    "check": ("gpu", "check_", "one GPU call of measurements beside the matrix: steps, gemv, gemm, spec, ttft, persistent"),
     "compare": ("gpu", "compare_", "the default config of two commits, alternating, in one GPU call"),
     "gpu-tests": ("gpu", "tests_", "the GPU-marked tests over several processes"),
     "report": ("report", "", "docs/performance.md (and charts) from the records, each table of one commit"),
@@ -33,7 +33,7 @@ COMMANDS = {
 
 
 def parser() -> argparse.ArgumentParser:
-    listing = "\n".join(f"  {name:<12} {line}" for name, (_, _, line) in COMMANDS.items())
+    listing = "\n".join(f"  {name:<16} {line}" for name, (_, _, line) in COMMANDS.items())
     p = argparse.ArgumentParser(prog="python -m bench", description=bench.__doc__.split("\n\n")[0],
                                 epilog=f"commands:\n{listing}\n\n" + bench.__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
