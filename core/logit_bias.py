@@ -1,8 +1,8 @@
 """Logit bias (``SamplingParams.logit_bias``, OpenAI's ``logit_bias``): a value added to chosen
 tokens' logits before anything else of sampling, on the device.
 
-``LogitBias`` stands in front of the engine's sampler (any Sampler plugin) as ``StopTokenBan``
-does (``tileinfer.stops``): it adds a generation's bias to the float32 logits of every row, then
+``LogitBias`` stands in front of the engine's sampler (any Sampler plugin), a ``SamplerStage`` as
+``StopTokenBan`` is (``tileinfer.stops``): it adds a generation's bias to the float32 logits of every row, then
 hands them on, so the penalties, temperature, top-k/p, min-p and greedy's argmax all see the
 biased logits: +100 makes a token all but certain, -100 all but impossible (OpenAI's scale: a
 value of -100 to 100 per token id). Logprobs stay those of the raw logits (``tileinfer.sampling_step``).
@@ -20,7 +20,8 @@ from collections.abc import Mapping
 import torch
 
 from tileinfer.errors import UsageError
-from tileinfer.interfaces import Sample, Sampler, SamplingParams as SamplerParams, TokenHistory
+from tileinfer.interfaces import Sampler, TokenHistory
+from tileinfer.sampler_stage import SamplerStage
 
 MAX_BIAS = 100.0
 
@@ -44,11 +45,11 @@ def check_logit_bias(value: object) -> dict[int, float] | None:
     return out or None
 
 
-class LogitBias(Sampler):
+class LogitBias(SamplerStage):
     """``sampler`` with a generation's logit bias (``set``) added to the logits it is given."""
 
     def __init__(self, sampler: Sampler) -> None:  # noqa: D107 - no options of its own: the sampler's
-        self.sampler = sampler
+        super().__init__(sampler)
         self.ids: torch.Tensor | None = None  # [B] int64 on the device
         self.values: torch.Tensor | None = None  # [B] float32
 
@@ -66,22 +67,6 @@ class LogitBias(Sampler):
     def active(self) -> bool:
         return self.ids is not None
 
-    @property
-    def params(self) -> SamplerParams:
-        return self.sampler.params
-
-    @property
-    def device(self) -> torch.device:
-        return self.sampler.device
-
-    @property
-    def generator(self) -> torch.Generator:
-        return self.sampler.generator
-
-    @property
-    def uses_history(self) -> bool:
-        return self.sampler.uses_history
-
     def biased(self, logits: torch.Tensor) -> torch.Tensor:
         """``logits`` ``[T, V]`` with the bias added to its columns (a copy; the same tensor without a bias)."""
         if self.ids is None:
@@ -90,16 +75,8 @@ class LogitBias(Sampler):
         logits[:, self.ids] += self.values
         return logits
 
-    def probs(self, logits: torch.Tensor, history: TokenHistory | None = None) -> torch.Tensor:
-        logits = self.biased(logits)
-        return self.sampler.probs(logits) if history is None else self.sampler.probs(logits, history=history)
-
-    def sample(self, logits: torch.Tensor, history: TokenHistory | None = None, *,
-               return_probs: bool = False) -> Sample:
-        logits = self.biased(logits)
-        if history is None:
-            return self.sampler.sample(logits, return_probs=return_probs)
-        return self.sampler.sample(logits, history=history, return_probs=return_probs)
+    def adjust(self, logits: torch.Tensor, history: TokenHistory | None) -> torch.Tensor:
+        return self.biased(logits)
 
 
 __all__ = ["LogitBias", "MAX_BIAS", "check_logit_bias"]

@@ -16,7 +16,8 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from tileinfer.interfaces import Sample, Sampler, SamplingParams as SamplerParams, TokenHistory
+from tileinfer.interfaces import Sampler, TokenHistory
+from tileinfer.sampler_stage import SamplerStage
 from tileinfer.sampling_params import SamplingParams
 from tileinfer.tokenizer import Tokenizer
 
@@ -117,7 +118,7 @@ class Completion:
         return shown + self.stops.flush()
 
 
-class StopTokenBan(Sampler):
+class StopTokenBan(SamplerStage):
     """``sampler`` (the engine's) with a generation's stop tokens banned, their logits set to
     ``-inf``, at the positions before ``min_tokens`` (``ban``); the rest as ``sampler`` does it. A
     row where nothing but a stop token is left (a structured output that can only end there) is not
@@ -129,7 +130,7 @@ class StopTokenBan(Sampler):
     """
 
     def __init__(self, sampler: Sampler) -> None:  # noqa: D107 - no options of its own: the sampler's
-        self.sampler = sampler
+        super().__init__(sampler)
         self.banned = torch.zeros(0, dtype=torch.int64, device=sampler.device)
         self.until = 0
 
@@ -139,46 +140,22 @@ class StopTokenBan(Sampler):
         self.banned = torch.tensor(sorted(tokens), dtype=torch.int64, device=self.sampler.device)
 
     @property
-    def params(self) -> SamplerParams:
-        return self.sampler.params
-
-    @property
-    def device(self) -> torch.device:
-        return self.sampler.device
-
-    @property
-    def generator(self) -> torch.Generator:
-        return self.sampler.generator
-
-    @property
     def uses_history(self) -> bool:
         return self.sampler.uses_history or self.until > 0
 
-    def _banned(self, logits: torch.Tensor, history: TokenHistory | None) -> tuple[torch.Tensor, TokenHistory | None]:
-        """The logits with the ban applied, and the history to hand the sampler (None where it reads none)."""
-        inner = history if self.sampler.uses_history else None
+    def adjust(self, logits: torch.Tensor, history: TokenHistory | None) -> torch.Tensor:
+        """The logits with the ban applied to the rows before ``min_tokens`` (none without a history)."""
         if not self.until or history is None:
-            return logits, inner
+            return logits
         rows = min(logits.shape[0], self.until - (history.length - history.prompt_len))
         if rows <= 0:
-            return logits, inner
+            return logits
         banned = logits.clone()
         banned[:rows, self.banned] = float("-inf")
         # a row the ban would leave without a token (a grammar that can only end there) keeps its stop tokens
         empty = torch.isneginf(banned[:rows]).all(-1, keepdim=True)
         banned[:rows] = torch.where(empty, logits[:rows], banned[:rows])
-        return banned, inner
-
-    def probs(self, logits: torch.Tensor, history: TokenHistory | None = None) -> torch.Tensor:
-        logits, history = self._banned(logits, history)
-        return self.sampler.probs(logits) if history is None else self.sampler.probs(logits, history=history)
-
-    def sample(self, logits: torch.Tensor, history: TokenHistory | None = None, *,
-               return_probs: bool = False) -> Sample:
-        logits, history = self._banned(logits, history)
-        if history is None:
-            return self.sampler.sample(logits, return_probs=return_probs)
-        return self.sampler.sample(logits, history=history, return_probs=return_probs)
+        return banned
 
 
 __all__ = ["Completion", "StopStrings", "StopTokenBan"]
