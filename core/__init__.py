@@ -17,10 +17,14 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     # Engine pulls in torch and the model; keep `import tileinfer` cheap for plugin modules.
-    if name in ("Chunk", "Engine", "Generation", "GenerationStats"):
-        from tileinfer import engine
+    if name == "Engine":
+        from tileinfer.engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name in ("Chunk", "Generation", "GenerationStats"):
+        from tileinfer import generation
+
+        return getattr(generation, name)
     if name in ("Config", "load_config", "resolve_config"):
         from tileinfer import config
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -32,6 +31,7 @@ from tileinfer.cpu_defaults import load_for_device
 from tileinfer.decode_plan import DecodePlan
 from tileinfer.decoding import Decoder, build_decoder
 from tileinfer.errors import UsageError
+from tileinfer.generation import Chunk, Generation, GenerationStats
 from tileinfer.interfaces import Proposer, ProposerContext
 from tileinfer.interfaces import SamplingParams as SamplerParams
 from tileinfer.logit_bias import LogitBias
@@ -46,7 +46,6 @@ from tileinfer.steps import build_forward
 from tileinfer.stops import Completion, StopTokenBan
 from tileinfer.structured import GrammarCompiler, StructuredOutput
 from tileinfer.threads import cpu_threads
-from tileinfer.tool_calls import ToolCall
 
 Prompt = str | Sequence[int] | torch.Tensor | np.ndarray  # text, or token ids
 
@@ -56,64 +55,6 @@ def is_batch(prompts: object) -> bool:
     one prompt (a str, or a flat sequence of ints)."""
     return isinstance(prompts, (list, tuple)) and bool(prompts) and all(
         isinstance(p, (str, list, tuple, np.ndarray, torch.Tensor)) for p in prompts)
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int
-    new_tokens: int
-    prefill_ms: float  # prompt in, first token out (pipelined: read after step 1 was enqueued)
-    decode_tok_s: float  # tokens after the first, over the time from the first to the last
-    steps: int  # steps after the prefill whose tokens were committed (not one a pipelined run discards after an EOS)
-    tokens_per_step: float  # new tokens after the first, per step
-    drafted_tokens: int  # speculative tokens proposed (0 without a proposer)
-    accepted_tokens: int  # of which the target kept
-    finish_reason: str  # "eos" (an EOS token), "stop" (a stop string or a token of stop_token_ids), "length" or
-    # "grammar" (params.structured allowed no token, or ended without a stop token to end on)
-    weight_bytes: int  # bytes of the loaded weights (INT8 linears: int8 rows and float32 scales)
-    kv_bytes: int  # bytes of the KV pool
-    kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
-    decode_loop: str = ""  # sequential, pipelined, speculative-sequential or speculative-device (decode_plan.LOOPS)
-    stop_reason: str | int | None = None  # the stop string or stop token that ended it ("stop" only)
-    cached_tokens: int = 0  # prompt tokens the previous generation left in the KV cache, not prefilled again
-
-
-@dataclass
-class Chunk:
-    """What ``Engine.stream`` yields: the tokens committed by one step and their text (None without
-    a tokenizer; text held back until a character is complete). The last chunk has no tokens, the
-    rest of the text, and the generation's ``stats``."""
-
-    token_ids: list[int]
-    text: str | None
-    stats: GenerationStats | None = None
-    logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked for them
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # the first chunk's: params.prompt_logprobs
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]  # the new tokens (the EOS or stop token that ended the generation included)
-    text: str | None  # their text up to the stop (params: skip_special_tokens, include_stop_str_in_output; None without a tokenizer)
-    stats: GenerationStats
-    logprobs: list[TokenLogprob] | None = None  # one per token, when params.logprobs asked for them
-    # one per prompt token (None for the first), when params.prompt_logprobs asked for them
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    # Engine.chat: the reply's thinking (None: it did not think), its answer, and with tools the calls it made
-    reasoning: str | None = None
-    content: str | None = None
-    tool_calls: list[ToolCall] | None = None
-
-    def to_dict(self) -> dict:
-        out = {"token_ids": self.token_ids, "text": self.text, "stats": asdict(self.stats)}
-        if self.logprobs is not None:
-            out["logprobs"] = [asdict(lp) for lp in self.logprobs]
-        if self.prompt_logprobs is not None:
-            out["prompt_logprobs"] = [None if lp is None else asdict(lp) for lp in self.prompt_logprobs]
-        out.update({k: getattr(self, k) for k in ("reasoning", "content") if getattr(self, k) is not None})
-        if self.tool_calls is not None:
-            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
-        return out
 
 
 class Engine:

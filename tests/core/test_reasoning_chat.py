@@ -10,7 +10,7 @@ import pytest
 
 import tileinfer
 from conftest import REFERENCE_CPU as BASE
-from tileinfer.engine import Chunk
+from tileinfer.generation import Chunk
 from tileinfer.errors import UsageError
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -21,7 +21,7 @@ import tileinfer  # noqa: E402
 from conftest import REFERENCE_CPU as BASE  # noqa: E402
 from openai.lib.streaming.chat import ChatCompletionStreamState  # noqa: E402
 from test_server import assert_error, running  # noqa: E402
-from tileinfer.engine import Chunk  # noqa: E402
+from tileinfer.generation import Chunk  # noqa: E402
 from tileinfer.tool_calls import call_schema  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
