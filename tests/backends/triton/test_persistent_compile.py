@@ -1,7 +1,7 @@
 """The persistent step's kernel compiles for an H100/H200 (sm_90) on any machine, with Triton's own
 compiler, and loads its weights and KV pages in 16-byte vectors: no global load or store narrower
-than 32 bits (a bfloat16 or int8 element at a time, what it compiled to while the pointer table's
-addresses carried no alignment). Qwen3-4B shapes and the default options, through
+than 32 bits (a bfloat16 or int8 element at a time: what a load through an address read from the
+pointer table compiles to unless the address is marked 16-byte aligned). Qwen3-4B shapes and the default options, through
 ``bench.persistent_build.compile_step`` (the specialization a launch gives it: pointers and strides
 multiples of 16); BF16 weights with BF16 pages, INT8 weights with INT8 pages, and the build whose
 items are calls capped at 128 registers (4 programs a multiprocessor). Runs in a subprocess:
