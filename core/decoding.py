@@ -122,7 +122,8 @@ class Decoder:
 
     def run(self, ids: Sequence[int], max_new: int, eos: Collection[int],
             logprobs: int | None = None, prompt_logprobs: int | None = None, *,
-            logit_bias: bool = False, grammar: Matcher | None = None) -> Iterator[list[int]]:
+            logit_bias: bool = False, grammar: Matcher | None = None,
+            cache_salt: str | None = None) -> Iterator[list[int]]:
         """Prefill ``ids`` and decode after them; yields each step's committed tokens, the last
         list ending at the first token in ``eos`` or at the ``max_new``-th token. ``logprobs`` (top
         tokens per position): after each yield, ``self.logprobs`` holds the yielded tokens'
@@ -133,7 +134,9 @@ class Decoder:
         ``logit_bias``: the sampler adds a bias to the logits (``tileinfer.logit_bias``), which the
         device loop does not. ``grammar`` (``tileinfer.grammar_mask.Matcher``): each step's tokens
         are masked by it and it is advanced by the committed ones (the host reads each step before
-        the next); the first token it rejects ends the generation before it (``grammar_end``)."""
+        the next); the first token it rejects ends the generation before it (``grammar_end``).
+        ``cache_salt``: the prefix cache serves this prompt only what a generation with the same
+        salt left (``tileinfer.prefix_cache``)."""
         assert max_new >= 1
         self.counters = DecodeCounters()
         self.draft_length.reset()
@@ -147,14 +150,14 @@ class Decoder:
         strategy = self.strategies[self.choice.strategy]
         self.prompt_logprobs = None
         self._scores = None if prompt_logprobs is None else PromptScores(ids, prompt_logprobs, self.steps.device)
-        self.counters.cached = self._begin(strategy, ids, reuse=self._scores is None)
+        self.counters.cached = self._begin(strategy, ids, reuse=self._scores is None, salt=cache_salt)
         return self._decode(list(ids), max_new, frozenset(eos), strategy, 2 if self.choice.ahead else 1)
 
-    def _begin(self, strategy: Strategy, ids: Sequence[int], reuse: bool = True) -> int:
+    def _begin(self, strategy: Strategy, ids: Sequence[int], reuse: bool = True, salt: str | None = None) -> int:
         """Cut the store to the prompt positions this generation keeps and return their number: the
         prefix cache's (``PrefixCache.start``; none without ``reuse``), as many of them as the
         strategy's proposer keeps (``Proposer.begin``)."""
-        cached = self.prefix.start(ids, reuse)
+        cached = self.prefix.start(ids, reuse, salt)
         proposer = strategy.proposer
         if proposer is None:
             return cached

@@ -291,7 +291,7 @@ class Engine:
             start = time.perf_counter()
             run = self.decoder.run(ids, params.max_tokens or self.config.max_new_tokens, completion.stop_tokens,
                                    params.logprobs, params.prompt_logprobs, logit_bias=self.logit_bias.active,
-                                   grammar=grammar)
+                                   grammar=grammar, cache_salt=params.cache_salt)
             try:
                 for tokens in run:
                     kept, text, done = completion.take(tokens)

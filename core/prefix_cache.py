@@ -14,6 +14,11 @@ tokens at the same positions, causal attention), so greedy decoding gives the co
 The ids are trusted only while the store is as the generation left it: any ``reserve`` or
 ``truncate`` by another caller (``KVStore.version``) or a generation that did not end in order
 (an error) makes the next prompt prefill cold.
+
+A generation may carry a salt (``SamplingParams.cache_salt``, vLLM's ``cache_salt``): what it leaves
+serves only a generation with the same salt (None: the unsalted ones), so that a client cannot tell
+from the time to its first token (or from ``cached_tokens``) whether another client's prompt started
+like its own.
 """
 
 from __future__ import annotations
@@ -34,20 +39,24 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class PrefixCache:
     """The token ids whose keys and values ``kv`` holds at positions ``0 ..`` after the last
-    generation (``enabled=False``: none are kept; every prompt prefills from position 0)."""
+    generation, and that generation's salt (``enabled=False``: none are kept; every prompt
+    prefills from position 0)."""
 
     def __init__(self, kv: KVStore, enabled: bool = True) -> None:
         self.kv, self.enabled = kv, enabled
         self.ids: list[int] = []
+        self.salt: str | None = None
         self._version = -1
 
-    def start(self, ids: Sequence[int], reuse: bool = True) -> int:
-        """A generation of the prompt ``ids`` (at least one token) begins: the store is cut to the
-        positions it can keep (reset when none) and the number of them is returned; the prompt's
-        tokens from there are to be prefilled. ``reuse=False``: a cold start (reset). Until
-        ``keep`` the cache holds nothing."""
+    def start(self, ids: Sequence[int], reuse: bool = True, salt: str | None = None) -> int:
+        """A generation of the prompt ``ids`` (at least one token) salted with ``salt`` begins: the
+        store is cut to the positions it can keep (reset when none: ``reuse=False``, or another
+        salt than the last generation's) and the number of them is returned; the prompt's tokens
+        from there are to be prefilled. Until ``keep`` the cache holds nothing."""
         cached, self.ids = self.ids, []
-        valid = self.enabled and reuse and self._version == self.kv.version and len(cached) == self.kv.length
+        same_salt, self.salt = self.salt == salt, salt
+        valid = self.enabled and reuse and same_salt and self._version == self.kv.version \
+            and len(cached) == self.kv.length
         start = min(common_prefix(cached, ids), len(ids) - 1) if valid else 0
         if start:
             self.kv.truncate(start)
@@ -57,7 +66,7 @@ class PrefixCache:
 
     def keep(self, ids: Sequence[int]) -> None:
         """The generation ended in order: the store holds ``ids`` at positions ``0 .. len(ids) - 1``
-        (its length is ``len(ids)``)."""
+        (its length is ``len(ids)``), for the next generation with its salt."""
         assert len(ids) == self.kv.length, "the cached ids are the store's positions"
         if self.enabled:
             self.ids, self._version = list(ids), self.kv.version

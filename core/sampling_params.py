@@ -60,6 +60,12 @@ class SamplingParams:
     choice or an EBNF grammar) the text must match: tokens it does not allow are masked before
     every other stage, an EOS only where it is complete; a grammar that allows no token ends the
     generation with finish reason ``"grammar"`` (``tileinfer.structured``).
+
+    ``cache_salt`` (vLLM's): a non-empty string that keys the prefix reuse: the keys and values a
+    generation leaves in the KV store serve only the next prompt with the same salt (None: the
+    unsalted ones; ``tileinfer.prefix_cache``). Clients of one engine that must not learn whether
+    another's prompt started like theirs (from the time to the first token) give each their own
+    secret salt.
     """
 
     max_tokens: int | None = None
@@ -81,6 +87,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     structured: StructuredOutput | None = None
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -111,6 +118,8 @@ class SamplingParams:
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise UsageError(f"structured={self.structured!r} is not valid: must be a tileinfer.StructuredOutput "
                              "or None")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise UsageError(f"cache_salt={self.cache_salt!r} is not valid: must be None or a non-empty string")
 
     def resolved(self, defaults: SamplerParams) -> SamplerParams:
         """The sampler's params: ``defaults`` (the engine's) with the fields set here."""

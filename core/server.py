@@ -211,8 +211,9 @@ def create_app(engine, *, queue_size: int = 16, api_key: str | None = None,
 def _prepare(engine, parsed) -> Prepared:
     """The engine's streams of a generation request (not started: the worker starts them), ``n``
     per prompt: choice ``c`` of a prompt samples with seed ``seed + c`` (mod 2**63; ``seed``: the
-    request's, else the server's); APIError(400) naming the field for params or a prompt the engine
-    rejects (too long, empty, not in the vocabulary, a template that fails)."""
+    request's, else the server's), and only choice 0 computes the prompt's logprobs that ``echo``
+    asks for; APIError(400) naming the field for params or a prompt the engine rejects (too long,
+    empty, not in the vocabulary, a template that fails)."""
     fields = parsed.params()
     chat = chat_prompt(engine, parsed) if isinstance(parsed, requests.ChatRequest) else None
     if chat is not None and chat.structured is not None:
@@ -227,7 +228,10 @@ def _prepare(engine, parsed) -> Prepared:
     except UsageError as exc:  # "temperature=-1 is not valid: ..."
         raise bad(str(exc), _field_of(str(exc), fields)) from None
     seed = params.seed if params.seed is not None else engine.default_sampling.seed
-    choices = [dataclasses.replace(params, seed=(seed + c) % 2**63) if c else params for c in range(parsed.n)]
+    # the prompt's logprobs are the same for every choice: the first computes them, the others reuse
+    # its prefill (the prefix cache) and echo its scores (Echo.scores)
+    choices = [dataclasses.replace(params, seed=(seed + c) % 2**63, prompt_logprobs=None) if c else params
+               for c in range(parsed.n)]
     if isinstance(parsed, requests.ChatRequest):
         param, prompts = "messages", [chat.ids]
     else:
@@ -239,7 +243,7 @@ def _prepare(engine, parsed) -> Prepared:
             streams += [engine.stream(ids, choice) for choice in choices]
             lengths.append(len(ids))
             if echo is not None:
-                echo += [_echo(engine.tokenizer, prompt, ids)] * parsed.n
+                echo += [_echo(engine.tokenizer, prompt, ids)] * parsed.n  # one Echo for the n choices
     except UsageError as exc:
         for stream in streams:
             stream.close()

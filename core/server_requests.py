@@ -9,10 +9,11 @@ code ``unsupported_parameter``) unless it has its no-op value (``best_of: 1``, `
 
 Besides OpenAI's fields, the generation requests take vLLM's ``top_k``, ``min_p``,
 ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
-``include_stop_str_in_output`` and ``skip_special_tokens`` (``tileinfer.SamplingParams`` fields),
-the structured-output fields (``response_format``, vLLM's ``guided_json``, ``guided_regex``,
-``guided_choice``, ``guided_grammar``: ``tileinfer.server_structured``), and chat's
-``chat_template_kwargs``; chat's ``tools`` and ``tool_choice`` are ``tileinfer.server_tools``'.
+``include_stop_str_in_output``, ``skip_special_tokens`` and ``cache_salt``
+(``tileinfer.SamplingParams`` fields), the structured-output fields (``response_format``, vLLM's
+``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``:
+``tileinfer.server_structured``), and chat's ``chat_template_kwargs``; chat's ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` are ``tileinfer.server_tools``'.
 
 Types are strict (``"1.2"`` is not a number, ``1`` is not a boolean; an integral float such as
 ``2.0`` counts as the integer 2) and ``null`` counts as absent, as in OpenAI's API. The sampling
@@ -181,6 +182,7 @@ class _Generation(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    cache_salt: str | None = Field(None, min_length=1)  # vLLM's: keys the prefix reuse (tileinfer.prefix_cache)
 
     @field_validator("logit_bias")
     @classmethod
@@ -222,7 +224,7 @@ class _Generation(_Body):
                 "include_stop_str_in_output": self.include_stop_str_in_output,
                 "skip_special_tokens": self.skip_special_tokens, "logprobs": self.top_n,
                 "logit_bias": {int(k): v for k, v in self.logit_bias.items()} or None,
-                "structured": structured_request(self)[0]}
+                "structured": structured_request(self)[0], "cache_salt": self.cache_salt}
 
 
 class ChatRequest(_Generation):

@@ -20,16 +20,22 @@ from tileinfer.server_metrics import Metrics, RequestRecord
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "grammar": "grammar"}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Echo:
-    """``echo``'s prompt before a choice's reply: its text and its first token's (whose logprob is null)."""
+    """``echo``'s prompt before the replies of its choices: its text, its first token's (whose
+    logprob is null) and its tokens' logprobs (``scores``), kept from the first choice's prefill for
+    the later choices, whose streams do not compute them again."""
 
     text: str
     first_token: str
+    scores: list | None = None
 
     def entries(self, scores: list | None, describe: Callable[[Any], api.Logprob]) -> list[api.Logprob]:
-        """The prompt tokens' wire logprobs from the engine's ``Chunk.prompt_logprobs`` (first None)."""
-        return [api.Logprob(self.first_token, None, None)] + [describe(lp) for lp in (scores or [None])[1:]]
+        """The prompt tokens' wire logprobs from the engine's ``Chunk.prompt_logprobs`` (first None),
+        or, where a stream has none, the ones an earlier choice's stream gave."""
+        if scores is not None:
+            self.scores = scores
+        return [api.Logprob(self.first_token, None, None)] + [describe(lp) for lp in (self.scores or [None])[1:]]
 
 
 @dataclass
