@@ -22,10 +22,12 @@ TEXT, MARKUP, FORCED = "text", "markup", "forced"
 @dataclass(frozen=True)
 class ReplyFormat:
     """``mode``: where the reply starts (``tileinfer.reasoning.thinking_mode``); ``tools``:
-    ``TEXT``, ``MARKUP`` or ``FORCED``."""
+    ``TEXT``, ``MARKUP`` or ``FORCED``; ``parallel`` False: the reply's first call only (OpenAI's
+    ``parallel_tool_calls: false``; the markup of the later ones is dropped, as vLLM drops them)."""
 
     mode: str = START
     tools: str = TEXT
+    parallel: bool = True
 
 
 @dataclass
@@ -80,7 +82,8 @@ class ChatParser:
                 end = self._tools.finish()
                 parsed.content += end.content
                 parsed.calls += end.calls
-            out = Delta(content=parsed.content, calls=parsed.calls)
+            calls = parsed.calls if self.form.parallel else parsed.calls[:max(0, 1 - self.calls)]
+            out = Delta(content=parsed.content, calls=calls)
         else:
             out = Delta(content=text)
         self.calls += len(out.calls)

@@ -9,11 +9,13 @@ of one call that the grammar forces (``tileinfer.StructuredOutput`` with the JSO
 ``tileinfer.tool_calls.call_schema``): from the first token, or after the reply's ``</think>``
 when it thinks first (``tileinfer.server_structured.thinks_first``, as for ``response_format``).
 "none" renders the prompt without the tools, so the model is not offered them, and reads any
-markup it writes as text.
+markup it writes as text. ``parallel_tool_calls: false`` returns an "auto" reply's first call only
+(a forced reply is one call either way).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -73,7 +75,7 @@ def chat_prompt(engine, parsed) -> ChatPrompt:
     ids = tokenizer.encode(text, add_special_tokens=False)
     after = END_THINK if thinks_first(form.mode, tokenizer) else None
     if tools is None or kind == "auto":
-        return ChatPrompt(ids, form, after)
+        return ChatPrompt(ids, dataclasses.replace(form, parallel=parsed.parallel_tool_calls), after)
     try:
         from tileinfer.structured import StructuredOutput
     except ImportError:

@@ -12,8 +12,8 @@ Besides OpenAI's fields, the generation requests take vLLM's ``top_k``, ``min_p`
 ``include_stop_str_in_output``, ``skip_special_tokens`` and ``cache_salt``
 (``tileinfer.SamplingParams`` fields), the structured-output fields (``response_format``, vLLM's
 ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``:
-``tileinfer.server_structured``), and chat's ``chat_template_kwargs``; chat's ``tools``,
-``tool_choice`` and ``parallel_tool_calls`` are ``tileinfer.server_tools``'.
+``tileinfer.server_structured``), and chat's ``chat_template_kwargs``; chat's ``tools`` and
+``tool_choice`` are ``tileinfer.server_tools``', ``parallel_tool_calls`` ``tileinfer.server_chat``'s.
 
 Types are strict (``"1.2"`` is not a number, ``1`` is not a boolean; an integral float such as
 ``2.0`` counts as the integer 2) and ``null`` counts as absent, as in OpenAI's API. The sampling
@@ -242,7 +242,7 @@ class ChatRequest(_Generation):
     top_logprobs: TopN | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool = True  # accepted: every call the model writes is returned
+    parallel_tool_calls: bool = True  # false: the reply's first call only (tileinfer.server_chat)
 
     @model_validator(mode="before")
     @classmethod

@@ -168,6 +168,29 @@ def test_tool_calls_streamed_as_deltas(client, scripted):
         ("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]
 
 
+@pytest.mark.parametrize("parallel", [False, True, None])
+def test_parallel_tool_calls_false_returns_the_first_call_only(client, scripted, parallel):
+    """As vLLM does: the later calls are dropped, whole and streamed; true or absent returns all."""
+    kw = {} if parallel is None else {"parallel_tool_calls": parallel}
+    expected = ["get_weather"] if parallel is False else ["get_weather", "get_time"]
+    choice = ask(client, scripted, THOUGHT + CALLS + "\nDone.", tools=[WEATHER, TIME], **kw).choices[0]
+    assert [c.function.name for c in choice.message.tool_calls] == expected
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Done."
+    chunks, final = streamed(client, scripted, CALLS, tools=[WEATHER, TIME], **kw)
+    indices = {d.index for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()}
+    assert indices == set(range(len(expected)))
+    assert [c.function.name for c in final.choices[0].message.tool_calls] == expected
+
+
+def test_a_forced_call_is_one_call_with_or_without_parallel_calls(client, scripted):
+    body = '{"name": "get_time", "arguments": {}}'
+    for parallel in (False, True):
+        choice = ask(client, scripted, body, tools=[WEATHER, TIME], tool_choice="required",
+                     parallel_tool_calls=parallel).choices[0]
+        assert scripted.params.structured.json == call_schema([WEATHER, TIME])  # one call's body, not a list
+        assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
+
+
 def test_bad_markup_stays_text(client, scripted):
     text = 'Hmm <tool_call>\n{"name": "get_weather", "arguments": {oops}\n</tool_call>'
     reply = ask(client, scripted, text, tools=[WEATHER])
