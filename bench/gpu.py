@@ -39,8 +39,9 @@ CHECKS = {
              (260, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--workload", "prefill8192",
                     "--workload", "prefill32768", "--workload", "prefill50", "--workload", "prefill50_after4000",
                     "--no-peers"])],
-    "persistent": [(400, ["steps", "--variant", "default", "--variant", "persistent",
+    "persistent": [(450, ["steps", "--variant", "default", "--variant", "persistent",
                           "--variant", "persistent+options.persistent.stages=3",
+                          "--variant", "persistent+options.persistent.stages=3+options.persistent.tma_weights=true",
                           "--variant", "persistent+options.persistent.x_ahead=true",
                           "--variant", "persistent+options.persistent.stages=3+options.persistent.x_ahead=true",
                           "--variant", "persistent+options.persistent.item_calls=true"
@@ -50,7 +51,7 @@ CHECKS = {
                    (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
                           "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
 }
-MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 11}
+MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 12}
 
 
 def run_steps(steps: list[tuple[float, list[str]]], budget: float, extra: list[str], env: dict | None = None,

@@ -1,13 +1,14 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, x_ahead, item_calls, split_k) compiles the kernel with the specialization a launch gives it
-(pointers and strides multiples of 16) and prints and records (kind ``persistent_build``, machine
-``cpu``) what sets its speed before it runs: registers a thread, spilled bytes, shared memory, the
-programs of its grid that fit on a multiprocessor (``persistent_plan.resident_programs``' rule:
-65,536 registers in units of 8 a thread, 2,048 threads, 228 KiB of shared memory with 1 KiB more a
-program) and its global loads and stores by width (from the SASS, ``nvdisasm``): a load narrower
-than 32 bits on the weights or pages is a bug (the kernel loads them in 16-byte vectors).
+max_registers, stages, x_ahead, item_calls, split_k, tma_weights) compiles the kernel with the
+specialization a launch gives it (pointers and strides multiples of 16) and prints and records
+(kind ``persistent_build``, machine ``cpu``) what sets its speed before it runs: registers a
+thread, spilled bytes, shared memory, the programs of its grid that fit on a multiprocessor
+(``persistent_plan.resident_programs``' rule: 65,536 registers in units of 8 a thread, 2,048
+threads, 228 KiB of shared memory with 1 KiB more a program) and its global loads and stores by
+width (from the SASS, ``nvdisasm``; cp.async copies ``LDGSTS`` and TMA copies ``UTMALDG`` too): a
+load narrower than 32 bits on the weights or pages is a bug (the kernel loads them in 16-byte vectors).
 
 Every figure is the compiler's, not a measurement; the timing is ``python -m bench steps`` on a GPU.
 """
@@ -27,7 +28,7 @@ from .shapes import model_config
 
 REGISTERS, THREADS, SHARED, SHARED_RESERVED, REG_UNIT = 65536, 2048, 228 * 1024, 1024, 8
 INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
-BOOLS = ("x_ahead", "item_calls")
+BOOLS = ("x_ahead", "item_calls", "tma_weights")
 
 
 def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool = False, **options) -> dict:
@@ -48,7 +49,7 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
                      block_k=options.get("block_k", 256), block_n=block_n, split_k=options.get("split_k", 1),
                      kv_int8=kv_int8, k_smooth=kv_int8)
     consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
-                                x_ahead=options.get("x_ahead", False))
+                                x_ahead=options.get("x_ahead", False), tma=options.get("tma_weights", False))
     compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))
     kernel = P.step_kernel(options.get("item_calls", False))
     names = list(inspect.signature(kernel.fn).parameters)
@@ -80,7 +81,7 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
     shared, threads = compiled.metadata.shared, compile_options["num_warps"] * 32
     fit = min(REGISTERS // (-(-regs // REG_UNIT) * REG_UNIT * threads), THREADS // threads,
               SHARED // (shared + SHARED_RESERVED) if shared else THREADS)
-    memory = collections.Counter(m.group(1) for m in re.finditer(r"\b((?:LDG|STG)[.\w]*)", sass))
+    memory = collections.Counter(m.group(1) for m in re.finditer(r"\b((?:LDG|STG|LDGSTS|UTMALDG)[.\w]*)", sass))
     return {"shape": shape, "int8": int8, "kv_int8": kv_int8, "options": options, "registers": regs,
             "spill_stores": spill_stores, "spill_loads": spill_loads, "shared_bytes": shared,
             "programs_per_sm": fit, "global_memory": dict(sorted(memory.items()))}

@@ -42,6 +42,9 @@ class PersistentForward(ForwardPass):
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
         Option("x_ahead", bool, False, "each GEMV activation chunk loaded an iteration ahead too"),
+        Option("tma_weights", bool, False, "with stages >= 2: the GEMV items' weight chunks through TMA tensor "
+               "descriptors made on the device (bulk copies issued by one thread into the pipeline's stages); "
+               "needs weight rows of a multiple of 16 bytes"),
         Option("item_calls", bool, False, "the work items compiled as functions the kernel calls, not inlined: "
                "each item keeps the registers it needs (inlined, the kernel takes its items' registers together)"),
         Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
@@ -64,6 +67,9 @@ class PersistentForward(ForwardPass):
             reasons.append(f"options.persistent.chunk={o['chunk']}: a multiple of 64")
         if o["num_warps"] not in (4, 8):
             reasons.append(f"options.persistent.num_warps={o['num_warps']}: 4 or 8")
+        if o["tma_weights"] and o["stages"] < 2:
+            reasons.append(f"options.persistent.tma_weights needs stages >= 2 (the pipeline it loads into), "
+                           f"stages is {o['stages']}")
         if o["max_registers"] > 255:
             reasons.append(f"options.persistent.max_registers={o['max_registers']}: at most 255")
         return reasons
@@ -102,6 +108,11 @@ class PersistentForward(ForwardPass):
                                                  layer.attention.q_norm_weight, layer.attention.k_norm_weight)]
         if any(t.data_ptr() % ALIGN for t in read):
             return f"a weight it reads is not {ALIGN}-byte aligned"
+        if self.options["tma_weights"]:
+            rows = {lin.weight.shape[1] * lin.weight.element_size() for lin in linears + [model.lm_head]}
+            odd = sorted(r for r in rows if r % 16)
+            if odd:
+                return f"tma_weights needs weight rows of a multiple of 16 bytes, not {odd}"
         return None
 
     def _shape(self, model) -> StepShape:
@@ -193,7 +204,7 @@ class PersistentForward(ForwardPass):
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
                       causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"],
-                      item_calls=self.options["item_calls"])
+                      item_calls=self.options["item_calls"], tma=self.options["tma_weights"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

@@ -92,7 +92,8 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
-              X_AHEAD: tl.constexpr = False, SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None):
+              X_AHEAD: tl.constexpr = False, SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None,
+              TMA: tl.constexpr = False):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
@@ -102,7 +103,10 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     ``wait_target``. The weight chunks: STAGES 1, each chunk's successor loaded into registers
     before the chunk's dot, the first before the wait; more, the compiler's software pipeline of
     STAGES stages through shared memory, after the wait. X_AHEAD: each activation chunk loaded an
-    iteration ahead too. Neither changes an operation or its order: the same bits. SPLITS > 1 (not
+    iteration ahead too. TMA (with STAGES > 1): the weight chunks through a tensor descriptor made
+    on the device (``[N + UP_ROWS, K]``, zero past its ends as the masked loads), so that the
+    pipeline's loads are bulk copies issued by one thread. None of these changes an operation or its
+    order: the same bits. SPLITS > 1 (not
     with SWIGLU): this item sums the ``split``-th of SPLITS equal runs of K chunks into the float32
     scratch ``split_ptr`` (``[SPLITS, 16, N]``) and counts itself in ``tile_counter``; the tile's
     last split adds the partial sums up in split order and runs the epilogue. Returns 1 where this
@@ -122,6 +126,9 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
         wg = _load_weight(w_rows, k_lo, offs_k, K, n_ok)
         if SWIGLU:
             wu = _load_weight(w_rows + UP_ROWS * K, k_lo, offs_k, K, n_ok)
+    if TMA:
+        tl.static_assert(STAGES > 1, "weights through TMA need the pipeline (STAGES > 1)")
+        w_desc = tl.make_tensor_descriptor(w_ptr, [N + UP_ROWS, K], [K, 1], [BLOCK_N, BLOCK_K])
     wait_for(wait_ptr, wait_target)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K, X_AHEAD)
@@ -139,10 +146,16 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
         if STAGES > 1:  # the compiler's pipeline keeps STAGES - 1 chunks in flight (through shared memory)
-            wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
+            if TMA:
+                wg = w_desc.load([n0, k0])
+            else:
+                wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
             acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
             if SWIGLU:
-                wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
+                if TMA:
+                    wu = w_desc.load([UP_ROWS + n0, k0])
+                else:
+                    wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
                 acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
         else:  # each chunk's successor loaded before its dot
             next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)

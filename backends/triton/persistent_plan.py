@@ -4,7 +4,7 @@ serves (:class:`StepShape`), the work list of a step (:class:`StepPlan`), the bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 import triton
@@ -108,7 +108,8 @@ class StepBuffers:
     """Everything the kernel writes, sized for 16 token rows: the residual stream ``h``, the qkv
     projection, the rotated q heads, the attention output, the SwiGLU activations, float32 logits,
     captured layer outputs, the attention partials and statistics, the split K runs' partial sums,
-    the counters (zero between launches)."""
+    the counters (zero between launches); ``scratch``: the global scratch of the device-made TMA
+    descriptors (kept while the buffers live: a captured graph may hold any of them)."""
 
     h: torch.Tensor
     qkv: torch.Tensor
@@ -121,6 +122,7 @@ class StepBuffers:
     stat: torch.Tensor
     split: torch.Tensor
     counters: torch.Tensor
+    scratch: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
     def allocate(cls, shape: StepShape, dtype: torch.dtype, device: torch.device, captures: int) -> "StepBuffers":
@@ -141,7 +143,7 @@ class StepBuffers:
         """NaN in every float buffer (tests: nothing may be read before it is written)."""
         for f in fields(self):
             t = getattr(self, f.name)
-            if t.is_floating_point():
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
                 t.fill_(float("nan"))
 
 

@@ -101,7 +101,8 @@ def test_rows_are_the_same_bits_in_one_step_or_several(case):
     assert torch.equal(case.kv.k, pages)
 
 
-@pytest.mark.parametrize("options", [{"stages": 3}, {"x_ahead": True}, {"item_calls": True}])
+@pytest.mark.parametrize("options", [{"stages": 3}, {"x_ahead": True}, {"item_calls": True},
+                                     {"stages": 2, "tma_weights": True}])
 def test_how_the_chunks_are_loaded_changes_no_bit(case, options):
     """Options that change when a chunk is loaded, or how the kernel is compiled, not what it adds up."""
     case.restore()
@@ -232,7 +233,8 @@ def test_a_stack_that_is_not_qwen3_is_named(case, caplog):
 @pytest.mark.parametrize("bad, words", [({"block_n": "64,64"}, "five powers of two"),
                                         ({"block_n": "64,64,48,64,64"}, "five powers of two"),
                                         ({"block_k": 96}, "block_k=96"), ({"chunk": 96}, "chunk=96"),
-                                        ({"num_warps": 6}, "num_warps=6: 4 or 8")])
+                                        ({"num_warps": 6}, "num_warps=6: 4 or 8"),
+                                        ({"tma_weights": "true"}, "tma_weights needs stages >= 2")])
 def test_bad_options_are_refused_at_load(checkpoint_factory, bad, words):
     overrides = ["forward=persistent", *(f"options.persistent.{k}={v}" for k, v in bad.items())]
     with pytest.raises(ConfigError, match=words):
