@@ -89,6 +89,18 @@ def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_
     assert torch.equal(kv.k[0], keys)
 
 
+
+@pytest.mark.parametrize("options", [{"stages": 3}, {"stages": 3, "tma_weights": True}, {"x_ahead": True},
+                                     {"item_calls": True, "max_registers": 128, "programs_per_sm": 4}])
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_how_the_chunks_are_loaded_changes_no_bit(folder, quantize, options):
+    """Options that change when or how a GEMV chunk reaches the program, not what it adds up."""
+    e = build(folder, quantize=quantize)
+    for t in (1, 16):
+        plain, _ = steps(e, t, PersistentForward(e.model))
+        out, _ = steps(e, t, PersistentForward(e.model, options=options))
+        assert torch.equal(out, plain), f"T={t}"
+
 PROPOSERS = [("ngram", 1), ("ngram", 3), ("ngram", 7), ("ngram", 15), ("draft", 2), ("draft", 5), ("dflash", 7),
              ("dflash", 15)]
 
