@@ -43,7 +43,7 @@ from tileinfer.server_guard import (ApiKey, ClientDisconnect, Guard, HeadDeadlin
                                     read_body)
 from tileinfer.server_metrics import AccessLog, Metrics
 from tileinfer.chat_output import ReplyFormat
-from tileinfer.server_chat import chat_prompt, render
+from tileinfer.server_chat import chat_prompt, render, template_kwargs
 from tileinfer.server_reply import Reply, server_error
 from tileinfer.server_structured import constrain, structured_request, thinks_first
 from tileinfer.server_worker import Echo, Job, Worker
@@ -268,20 +268,15 @@ def _field_of(message: str, fields: dict) -> str | None:
     return name if name in fields else None
 
 
-def _chat_ids(engine, messages: list[dict], kwargs: dict, *, add_generation_prompt: bool = True,
-              add_special_tokens: bool = False) -> list[int]:
-    """``messages`` rendered with the chat template and tokenized; APIError(400) when the template
-    fails on them."""
-    text = render(engine.tokenizer, messages, kwargs, add_generation_prompt=add_generation_prompt)
-    return engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-
 def _tokenize(engine, parsed: requests.TokenizeRequest) -> list[int]:
-    """vLLM's /tokenize: special tokens added to a prompt, not to rendered messages, by default."""
+    """vLLM's /tokenize: special tokens added to a prompt, not to rendered messages, by default;
+    messages rendered as /v1/chat/completions renders them (``server_chat.template_kwargs``: the
+    tools and the template's variables), with or without the generation prompt; APIError(400)
+    when the template fails on them."""
     if parsed.messages is not None:
-        return _chat_ids(engine, [m.model_dump(exclude_none=True) for m in parsed.messages],
-                         parsed.chat_template_kwargs, add_generation_prompt=parsed.add_generation_prompt,
-                         add_special_tokens=bool(parsed.add_special_tokens))
+        text = render(engine.tokenizer, parsed.template_messages(), template_kwargs(parsed),
+                      add_generation_prompt=parsed.add_generation_prompt)
+        return engine.tokenizer.encode(text, add_special_tokens=bool(parsed.add_special_tokens))
     add = True if parsed.add_special_tokens is None else parsed.add_special_tokens
     return engine.tokenizer.encode(parsed.prompt, add_special_tokens=add)
 

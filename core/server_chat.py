@@ -60,16 +60,26 @@ def render(tokenizer, messages: list[dict], kwargs: dict, *, add_generation_prom
         return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
 
+def template_kwargs(parsed) -> dict[str, Any]:
+    """The chat template's variables for ``parsed`` (a ``server_requests.ChatRequest``, or a
+    ``TokenizeRequest`` of messages, which renders the same prompt): its ``chat_template_kwargs``
+    and, unless ``tool_choice`` is "none", its ``tools``; a 400 naming ``chat_template_kwargs`` when
+    they set ``tools``."""
+    kind, _ = choice_of(parsed.tools, parsed.tool_choice)
+    kwargs = dict(parsed.chat_template_kwargs)
+    if "tools" in kwargs:
+        raise bad("give the tools in tools, not in chat_template_kwargs", "chat_template_kwargs")
+    if parsed.tools and kind != "none":
+        kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in parsed.tools]
+    return kwargs
+
+
 def chat_prompt(engine, parsed) -> ChatPrompt:
     """The prompt of ``parsed`` (a ``server_requests.ChatRequest``) for ``engine``."""
     tokenizer = engine.tokenizer
     kind, name = choice_of(parsed.tools, parsed.tool_choice)
-    kwargs = dict(parsed.chat_template_kwargs)
-    tools = None
-    if parsed.tools and kind != "none":
-        if "tools" in kwargs:
-            raise bad("give the tools in tools, not in chat_template_kwargs", "chat_template_kwargs")
-        tools = [tool.model_dump(exclude_none=True) for tool in parsed.tools]
+    kwargs = template_kwargs(parsed)
+    tools = kwargs.pop("tools", None)
     with _template_errors():
         text, form = render_chat(tokenizer, parsed.template_messages(), tools=tools, **kwargs)
     ids = tokenizer.encode(text, add_special_tokens=False)
@@ -85,4 +95,4 @@ def chat_prompt(engine, parsed) -> ChatPrompt:
     return ChatPrompt(ids, ReplyFormat(form.mode, FORCED), after, structured)
 
 
-__all__ = ["ChatPrompt", "chat_prompt", "render"]
+__all__ = ["ChatPrompt", "chat_prompt", "render", "template_kwargs"]

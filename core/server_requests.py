@@ -332,7 +332,11 @@ def _token_ids(value: Any) -> bool:
 
 
 class TokenizeRequest(_Body):
-    """vLLM's /tokenize: a ``prompt``, or chat ``messages`` rendered with the chat template."""
+    """vLLM's /tokenize: a ``prompt``, or chat ``messages`` rendered with the chat template as
+    /v1/chat/completions renders them (``chat_template_kwargs``, ``tools``; and ``tool_choice``,
+    whose "none" leaves the tools out, as chat does)."""
+
+    CHAT_ONLY: ClassVar[tuple[str, ...]] = ("chat_template_kwargs", "tools", "tool_choice")
 
     model: str | None = None
     prompt: str | None = None
@@ -340,6 +344,8 @@ class TokenizeRequest(_Body):
     add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (as vLLM)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -348,10 +354,18 @@ class TokenizeRequest(_Body):
             raise bad("prompt is required (or messages)", "prompt")
         if self.prompt is not None and self.messages is not None:
             raise bad("give prompt or messages, not both")
+        if self.prompt is not None:
+            for name in self.CHAT_ONLY:
+                if name in self.model_fields_set:
+                    raise bad(f"{name} is only allowed with messages (a prompt is not rendered)", name)
         reserved = sorted(ChatRequest.TEMPLATE_RESERVED & set(self.chat_template_kwargs))
         if reserved:
             raise bad(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
+        check_tool_choice(self.tools, self.tool_choice)
         return self
+
+    def template_messages(self) -> list[dict]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
 
 
 class DetokenizeRequest(_Body):

@@ -51,6 +51,7 @@ class Scripted:
 
     def stream(self, ids, params):
         self.prompts.append(self.engine.tokenizer.decode(ids, skip_special_tokens=False))
+        self.ids = list(ids)
         self.params = params
         pieces = [self.script[i:i + self.cut] for i in range(0, len(self.script), self.cut)]
 
@@ -189,6 +190,35 @@ def test_a_forced_call_is_one_call_with_or_without_parallel_calls(client, script
                      parallel_tool_calls=parallel).choices[0]
         assert scripted.params.structured.json == call_schema([WEATHER, TIME])  # one call's body, not a list
         assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
+
+
+@pytest.mark.parametrize("extra", [
+    {"tools": [WEATHER, TIME]}, {"tools": [WEATHER], "tool_choice": "none"},
+    {"tools": [WEATHER, TIME], "tool_choice": "required", "chat_template_kwargs": {"enable_thinking": False}},
+    {"chat_template_kwargs": {"enable_thinking": False}}])
+def test_tokenize_renders_the_prompt_chat_completions_generates_from(url, client, scripted, extra):
+    """vLLM's /tokenize of messages takes tools and chat_template_kwargs (and tool_choice, whose
+    "none" leaves the tools out, as chat does): the same ids as the chat request's prompt."""
+    messages = [{"role": "system", "content": "Be brief."}, *USER]
+    reply = ask(client, scripted, '{"name": "get_time", "arguments": {}}', messages=messages, extra_body=extra)
+    tokens = httpx.post(f"{url}/tokenize", json={"messages": messages, **extra}, timeout=60).json()["tokens"]
+    assert tokens == scripted.ids and len(tokens) == reply.usage.prompt_tokens
+    assert ("<tools>" in scripted.prompts[-1]) == (extra.get("tool_choice") != "none" and "tools" in extra)
+    history = httpx.post(f"{url}/tokenize", json={"messages": messages, "add_generation_prompt": False, **extra},
+                         timeout=60).json()["tokens"]
+    assert tokens[:len(history)] == history and len(history) < len(tokens)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"messages": USER, "tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [WEATHER]},
+     "tool_choice"),
+    ({"messages": USER, "tools": [WEATHER], "chat_template_kwargs": {"tools": [WEATHER]}}, "chat_template_kwargs"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"prompt": "hi", "tools": [WEATHER]}, "tools"),
+    ({"prompt": "hi", "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+])
+def test_bad_tokenize_fields_are_400s_naming_the_field(url, body, param):
+    assert_error(httpx.post(f"{url}/tokenize", json=body, timeout=60), 400, param)
 
 
 def test_bad_markup_stays_text(client, scripted):
