@@ -221,6 +221,22 @@ def test_bad_tokenize_fields_are_400s_naming_the_field(url, body, param):
     assert_error(httpx.post(f"{url}/tokenize", json=body, timeout=60), 400, param)
 
 
+def test_a_call_written_inside_the_thinking_stays_reasoning(client, scripted):
+    """As vLLM's qwen3 reasoning parser and hermes tool parser read it: the tool parser reads the
+    content only (what follows </think>), so markup in the thinking is thinking, whole and
+    streamed, and the calls after </think> are the reply's."""
+    inner = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    script = "<think>\nMaybe " + inner + " first.\n</think>\n\n" + CALLS.split("\n<tool_call>")[0]
+    choice = ask(client, scripted, script, tools=[WEATHER, TIME]).choices[0]
+    assert choice.message.reasoning_content == "Maybe " + inner + " first."
+    assert [c.function.name for c in choice.message.tool_calls] == ["get_weather"]
+    chunks, final = streamed(client, scripted, "<think>\nMaybe " + inner + "\n</think>\n\nSunny.", tools=[WEATHER])
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    reasoning = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
+    assert reasoning == "Maybe " + inner and final.choices[0].message.content == "Sunny."
+    assert final.choices[0].finish_reason == "stop"
+
+
 def test_bad_markup_stays_text(client, scripted):
     text = 'Hmm <tool_call>\n{"name": "get_weather", "arguments": {oops}\n</tool_call>'
     reply = ask(client, scripted, text, tools=[WEATHER])
