@@ -24,9 +24,11 @@ COMMANDS = {
     "grammars": ("grammar_engines", "", "xgrammar against llguidance: schema compile and per-token mask times"),
     "persistent-build": ("persistent_build", "", "the persistent step's kernel as sm_90 builds it, on the CPU: "
                          "registers, spills, programs per SM, load widths"),
+    "stream-probe": ("stream_probe", "", "how fast a persistent grid streams the weights by each loading scheme "
+                     "(registers, cp.async, TMA, warp-specialized)"),
     "defaults": ("quality", "defaults_", "which sampling defaults keep the shipped model from looping"),
     "check": ("gpu", "check_", "one GPU call of measurements beside the matrix: steps, gemv, gemm, spec, ttft, "
-              "persistent"),
+              "persistent, stream"),
     "compare": ("gpu", "compare_", "the default config of two commits, alternating, in one GPU call"),
     "gpu-tests": ("gpu", "tests_", "the GPU-marked tests over several processes"),
     "report": ("report", "", "docs/performance.md (and charts) from the records, each table of one commit"),

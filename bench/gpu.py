@@ -39,7 +39,7 @@ CHECKS = {
              (260, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--workload", "prefill8192",
                     "--workload", "prefill32768", "--workload", "prefill50", "--workload", "prefill50_after4000",
                     "--no-peers"])],
-    "persistent": [(450, ["steps", "--variant", "default", "--variant", "persistent",
+    "persistent": [(500, ["steps", "--variant", "default", "--variant", "persistent",
                           "--variant", "persistent+options.persistent.stages=3",
                           "--variant", "persistent+options.persistent.stages=3+options.persistent.tma_weights=true",
                           "--variant", "persistent+options.persistent.x_ahead=true",
@@ -47,11 +47,13 @@ CHECKS = {
                           "--variant", "persistent+options.persistent.item_calls=true"
                           "+options.persistent.max_registers=128+options.persistent.programs_per_sm=4",
                           "--variant", "persistent+options.persistent.split_k=3",
-                          "--variant", "persistent+options.persistent.timeline=true", "--tokens", "1,16"]),
-                   (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
-                          "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
+                          "--variant", "persistent+options.persistent.timeline=true", "--tokens", "1,16"])],
+    "stream": [(150, ["stream-probe"]),
+               (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
+               (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
+                      "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
 }
-MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 12}
+MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "stream": 8}
 
 
 def run_steps(steps: list[tuple[float, list[str]]], budget: float, extra: list[str], env: dict | None = None,
