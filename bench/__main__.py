@@ -24,6 +24,8 @@ COMMANDS = {
     "grammars": ("grammar_engines", "", "xgrammar against llguidance: schema compile and per-token mask times"),
     "persistent-build": ("persistent_build", "", "the persistent step's kernel as sm_90 builds it, on the CPU: "
                          "registers, spills, programs per SM, load widths"),
+    "gemm-build": ("gemm_build", "", "the prefill GEMM as sm_90 builds it, on the CPU: registers, warps, warp "
+                   "specialization, the main loop's SASS"),
     "stream-probe": ("stream_probe", "", "how fast a persistent grid streams the weights by each loading scheme "
                      "(registers, cp.async, TMA, warp-specialized)"),
     "defaults": ("quality", "defaults_", "which sampling defaults keep the shipped model from looping"),

@@ -23,6 +23,8 @@ tiles (``I`` a multiple of BLOCK_N, as the rule gives for the Qwen3 shapes).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -83,10 +85,24 @@ def _gemm_kernel(
     store_tile(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
 
 
-def launch_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
+class KernelLaunch(NamedTuple):
+    """One launch as the launcher passes it, ``kernel[grid](*args, **kwargs)``: run by calling it,
+    compiled for sm_90 with the launch's own specialization by bench/sm90_build.py (on any machine:
+    ``meta`` tensors give the same arguments)."""
+
+    kernel: object
+    grid: tuple[int, ...]
+    args: tuple
+    kwargs: dict
+
+    def __call__(self) -> None:
+        self.kernel[self.grid](*self.args, **self.kwargs)
+
+
+def gemm_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                 residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
-                dot_f32: bool) -> None:
-    """The GEMM of ``linear`` (T > 16) on checked arguments: one launch of ``_gemm_kernel`` with the
+                dot_f32: bool) -> KernelLaunch:
+    """The GEMM of ``linear`` (T > 16) on checked arguments: the launch of ``_gemm_kernel`` with the
     non-persistent ``cfg``. ``scale``: the int8 weight's row scales (None: ``w`` in x's dtype);
     ``i_off``: the first up row of a SwiGLU weight (else 0); ``dot_f32``: float32 dot operands (the
     interpreter)."""
@@ -94,11 +110,20 @@ def launch_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
     M, K = x.shape
     r = residual if residual is not None else out
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(n_out, cfg.block_n),)
-    _gemm_kernel[grid](x, w, w if scale is None else scale, out, r, M, n_out, K, i_off, x.stride(0), w.stride(0),
-                       out.stride(0), r.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                       GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0,
-                       RESIDUAL=residual is not None, INT8=scale is not None, BITS=cfg.bit_convert,
-                       SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True)
+    args = (x, w, w if scale is None else scale, out, r, M, n_out, K, i_off, x.stride(0), w.stride(0), out.stride(0),
+            r.stride(0))
+    return KernelLaunch(_gemm_kernel, grid, args, dict(
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWIGLU=swiglu,
+        DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, RESIDUAL=residual is not None, INT8=scale is not None,
+        BITS=cfg.bit_convert, SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        enable_fp_fusion=True))
 
 
-__all__ = ["launch_gemm"]
+def launch_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
+                residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
+                dot_f32: bool) -> None:
+    """Runs :func:`gemm_launch`'s launch."""
+    gemm_launch(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32)()
+
+
+__all__ = ["KernelLaunch", "gemm_launch", "launch_gemm"]

@@ -14,6 +14,12 @@ shared memory), converts it in registers after the shared-memory load (:func:`in
 accumulates in float32 and applies the row scales in the epilogue; ``swap_ab`` computes the tile
 transposed (``q x^T``) as linear_gemm.py does.
 
+Warp specialization (``warp_specialize``, with TMA, 4 warps): Triton's Hopper pass splits the K
+loop into a producer warp group (40 registers) that issues the TMA loads into the stages and two
+consumer warp groups (120 registers; each the MMAs, and for int8 the conversion, of half the
+tile's rows, then the epilogue), synchronized by mbarriers: 12 warps a program. The same sums in
+the same order: the same bits.
+
 Fusions. SwiGLU: a program computes the gate tile (weight rows n) and then the up tile (rows
 ``I_OFF + n``) of the same output tile one after the other with the plain tile's code, keeping the
 rounded gate tile in registers, so that it holds one accumulator (the plain kernel's registers)
@@ -45,6 +51,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tileinfer.backends.triton.device_functions import dot_chunk, load_chunk, round_to, silu_mul_f32, store_tile
 from tileinfer.backends.triton.interpreter import sms_of
+from tileinfer.backends.triton.linear_gemm import KernelLaunch
 from tileinfer.backends.triton.linear_tiles import GemmConfig, balance
 
 
@@ -70,9 +77,10 @@ def _swizzled(tile, rows, num_pid_n, GROUP_M: tl.constexpr):
 def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, stride_wn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
               EVEN_K: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr,
-              TMA: tl.constexpr):
+              TMA: tl.constexpr, WS: tl.constexpr):
     """float32 sums over the K chunks [kb_lo, kb_hi) of x rows ``m0..`` times weight rows ``w_off +
-    (n0.. mod N)``: ``[BLOCK_M, BLOCK_N]``, or ``[BLOCK_N, BLOCK_M]`` with SWAP_AB."""
+    (n0.. mod N)``: ``[BLOCK_M, BLOCK_N]``, or ``[BLOCK_N, BLOCK_M]`` with SWAP_AB. WS: the loop
+    warp-specialized (loads and MMAs in partitions of their own)."""
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -83,7 +91,7 @@ def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, str
         rows_w = ((n0 + tl.arange(0, BLOCK_N)) % N + w_off).to(tl.int64)
         a_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
         b_ptrs = w_ptr + rows_w[:, None] * stride_wn + offs_k[None, :]
-    for kb in range(kb_lo, kb_hi):
+    for kb in tl.range(kb_lo, kb_hi, warp_specialize=WS):
         k0 = kb * BLOCK_K
         if TMA:
             a = x_ptr.load([m0, k0])
@@ -115,7 +123,7 @@ def _gemm_persistent_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
     INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr, TMA: tl.constexpr,
-    FLATTEN: tl.constexpr, SPLIT: tl.constexpr, SPLITS: tl.constexpr,
+    FLATTEN: tl.constexpr, SPLIT: tl.constexpr, SPLITS: tl.constexpr, WS: tl.constexpr,
 ):
     """y = x w^T (W8A16: ``(x q^T) * scale``) on N output columns (I when SWIGLU: gate rows n, up
     rows I_OFF + n), RESIDUAL adding ``r``. Whole tiles: row blocks [0, DP_ROWS); with SPLIT the
@@ -155,7 +163,7 @@ def _gemm_persistent_kernel(
             kb_hi = tl.where(is_dp, k_tiles, tl.minimum(kb_lo + KB_PER_SPLIT, k_tiles))
         w_off = half * I_OFF
         acc = _tile_sum(x_ptr, w_ptr, M, N, K, pid_m * BLOCK_M, pid_n * BLOCK_N, w_off, kb_lo, kb_hi, stride_xm,
-                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32, EVEN_K, INT8, BITS, SWAP_AB, TMA)
+                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32, EVEN_K, INT8, BITS, SWAP_AB, TMA, WS)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if INT8:
@@ -212,13 +220,13 @@ def _split_unit(acc, p_ptr, c_ptr, y_ptr, r_ptr, offs_m, offs_n, M, N, I_OFF, w_
         tl.atomic_xchg(c_ptr + band_tile, 0)  # the counters are 0 between launches
 
 
-def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
-                           residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
-                           dot_f32: bool, counters: torch.Tensor | None) -> None:
-    """The persistent GEMM on checked arguments: ``w`` ``[N_w, K]`` in x's dtype, or int8 with
-    ``scale`` float32 ``[N_w]``; ``cfg`` with ``persistent``. One launch; a split tail uses a
-    float32 workspace and ``counters`` (int32 zeros, one per split tile: :func:`split_tiles`; made
-    for the call where None)."""
+def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
+                      residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
+                      dot_f32: bool, counters: torch.Tensor | None) -> KernelLaunch:
+    """The persistent GEMM's launch on checked arguments: ``w`` ``[N_w, K]`` in x's dtype, or int8
+    with ``scale`` float32 ``[N_w]``; ``cfg`` with ``persistent``. A split tail uses a float32
+    workspace and ``counters`` (int32 zeros, one per split tile: :func:`split_tiles`; made for the
+    call where None)."""
     M, K = x.shape
     n_w = w.shape[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -243,16 +251,25 @@ def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
             f"the split tail needs {band_tiles} int32 counters on {x.device}, got {counters.numel()} {counters.dtype}")
         counts = counters
     tma = cfg.tma and tma_ok(x, w)
+    # Triton 3.6's Hopper warp specialization builds an empty kernel (one EXIT) of the SwiGLU form
+    assert not (cfg.warp_specialize and swiglu), f"warp_specialize is not for the fused SwiGLU: {cfg}"
     x_arg = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk]) if tma else x
     w_arg = TensorDescriptor(w, [n_w, K], [w.stride(0), 1], [bn, bk]) if tma else w
     int8 = scale is not None
-    _gemm_persistent_kernel[(programs,)](
-        x_arg, w_arg, scale if int8 else w, out, r, part, counts, M, n_out, K, i_off, x.stride(0), w.stride(0),
-        out.stride(0), r.stride(0), part.stride(0), part.stride(-2), dp_rows, programs, n_lo, n_hi, per_split,
+    args = (x_arg, w_arg, scale if int8 else w, out, r, part, counts, M, n_out, K, i_off, x.stride(0), w.stride(0),
+            out.stride(0), r.stride(0), part.stride(0), part.stride(-2), dp_rows, programs, n_lo, n_hi, per_split)
+    return KernelLaunch(_gemm_persistent_kernel, (programs,), args, dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32,
         EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=cfg.bit_convert, SWAP_AB=cfg.swap_ab,
-        TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True)
+        TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits, WS=cfg.warp_specialize and tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True))
+
+
+def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
+                           residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
+                           dot_f32: bool, counters: torch.Tensor | None) -> None:
+    """Runs :func:`persistent_launch`'s launch."""
+    persistent_launch(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, counters)()
 
 
 def split_tiles(M: int, n_out: int, cfg: GemmConfig) -> int:
@@ -261,4 +278,4 @@ def split_tiles(M: int, n_out: int, cfg: GemmConfig) -> int:
     return min(cfg.split_rows, triton.cdiv(M, cfg.block_m)) * triton.cdiv(n_out, cfg.block_n)
 
 
-__all__ = ["launch_gemm_persistent", "split_tiles", "tma_ok"]
+__all__ = ["launch_gemm_persistent", "persistent_launch", "split_tiles", "tma_ok"]

@@ -1,7 +1,7 @@
 """The Triton linear (backends/triton/linear.py) for both weight formats against cuBLAS at the Qwen3 layer shapes, on one GPU.
 
     python -m bench kernels linear [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--formats bf16,int8]
-        [--sweep] [--eager] [--decode-step] [--repeats N] [--commit C] [--records FILE]
+        [--layers qkv,...] [--sweep [--sweep-filter WORD]] [--eager] [--decode-step] [--repeats N] [--records FILE]
 
 Per layer (default). For each format (``bf16``: bf16 weights; ``int8``: random int8 rows over
 [-128, 127] with float32 row scales), each layer's weight ([N, K], q/k/v and gate/up fused as the
@@ -16,8 +16,9 @@ the persistent kernel): the comparison that re-times the prefill rule (``--token
 Columns: those times, GB/s (weight + scales + activation + output bytes over time), that as a
 fraction of the copy bandwidth (measured in the same run), TFLOP/s at T > 16. ``--sweep`` also times
 other tiles per shape (``sweep_configs``: GEMV tiles, split-K with and without the fused reduce,
-the GEMM's tiles, the persistent kernel's with TMA, flattened loops and split tails; for int8 Triton's
-plain cast), each with its max error against the twin. A kernel-level peer at T = 1 and 16 for int8:
+the GEMM's tiles, the persistent kernel's with TMA, flattened loops, split tails and warp-specialized
+loops (``ws``, not with SwiGLU); for int8 Triton's plain cast), each with its max error against the
+twin; ``--sweep-filter WORD`` keeps the swept configs whose description (as printed) holds WORD. A kernel-level peer at T = 1 and 16 for int8:
 gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
 built from the same weights and scales; its own kernel choice and autotuning, untimed), or the
 reason it does not import (it needs a GPU to import; bench/device.sh carries it).
@@ -47,6 +48,7 @@ from ..timing import copy_bandwidth, graph_seconds, median_seconds
 from . import ROTATION_BYTES, common_arguments, gpu_visible, name_list
 
 FORMATS = ("bf16", "int8")
+LAYERS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 GEMLITE_TOKENS = (1, 16)  # the step sizes gemlite's A16W8 is timed at (decode, a 16-token verify step)
 # Persistent GEMM candidates for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, options);
 # "split" takes split_plan's rows and K splits for the shape (left out where the plan does not split).
@@ -55,11 +57,14 @@ PERSISTENT_TILES = {
              (128, 128, 64, 8, 4, "tma flatten"), (128, 128, 64, 8, 3, ""), (128, 128, 64, 8, 3, "tma split"),
              (128, 256, 64, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma flatten"), (128, 256, 64, 8, 3, "tma split"),
              (128, 128, 128, 8, 3, "tma"), (128, 128, 64, 4, 4, "tma"), (128, 64, 64, 4, 4, "tma split"),
-             (64, 128, 64, 4, 4, "tma split")],
+             (64, 128, 64, 4, 4, "tma split"), (128, 128, 64, 4, 3, "tma ws"), (128, 128, 64, 4, 4, "tma ws"),
+             (128, 256, 64, 4, 3, "tma ws"), (128, 256, 64, 4, 4, "tma ws")],
     # int8 transposed (swap_ab) but the split tail, which GemmConfig allows only untransposed
     "int8": [(128, 128, 64, 8, 3, "tma swap"), (128, 128, 128, 8, 3, "tma swap"), (128, 64, 128, 4, 3, "tma swap"),
              (128, 128, 64, 8, 3, "tma flatten swap"), (128, 128, 64, 8, 3, "swap"), (128, 256, 64, 8, 3, "tma"),
-             (128, 256, 64, 8, 3, "tma flatten"), (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split")],
+             (128, 256, 64, 8, 3, "tma flatten"), (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split"),
+             (128, 128, 64, 4, 3, "tma swap ws"), (128, 128, 64, 4, 4, "tma swap ws"),
+             (128, 128, 128, 4, 3, "tma swap ws"), (128, 128, 64, 4, 3, "tma ws")],
 }
 GEMV_TILES = {  # (BLOCK_N, BLOCK_K, num_warps, num_stages) swept at T = 1 and at T = 2..16
     (1, "bf16"): [(16, 512, 4, 1), (8, 512, 4, 1), (8, 512, 2, 1), (4, 512, 2, 1), (4, 512, 1, 1), (16, 256, 4, 1),
@@ -79,7 +84,10 @@ def arguments(p) -> None:
     common_arguments(p, None, "1,4,16,1024; with --decode-step 1,4,16")
     p.add_argument("--formats", type=name_list(FORMATS, "weight format"), default=list(FORMATS),
                    help="weight formats: bf16, int8 (default both)")
+    p.add_argument("--layers", type=name_list(LAYERS, "layer"), default=list(LAYERS),
+                   help="comma-separated layers (default all: " + ",".join(LAYERS) + ")")
     p.add_argument("--sweep", action="store_true", help="also time alternative tiles (per-layer mode)")
+    p.add_argument("--sweep-filter", metavar="WORD", help="sweep only the configs whose description holds WORD")
     p.add_argument("--eager", action="store_true", help="also time plain calls, host launch overhead included")
     p.add_argument("--decode-step", action="store_true", help="time a whole decode step's linears instead")
 
@@ -111,8 +119,9 @@ def rotated_seconds(fn, weights, repeats: int) -> float:
     return graph_seconds(lambda: [fn(w) for w in weights], repeats=repeats, calls=len(weights))
 
 
-def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str):
-    """The configs ``--sweep`` times for an ``[n, k]`` weight at T = ``t`` (see the module docstring)."""
+def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = False):
+    """The configs ``--sweep`` times for an ``[n, k]`` weight at T = ``t`` (see the module docstring;
+    ``swiglu``: for the fused SwiGLU call, without the warp-specialized ones)."""
     from tileinfer.backends.triton.linear_tiles import (GEMM_TILES, GemmConfig, GemvConfig, gemm_config, gemv_config,
                                                         gemv_split_k, split_plan)
 
@@ -124,7 +133,10 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str):
         for bm, bn, bk, w, s, _ in GEMM_TILES["int8" if int8 else "none"][:2]:
             yield GemmConfig(bm, bn, bk, 8, w, s, swap_ab=int8)
         for bm, bn, bk, w, s, options in PERSISTENT_TILES[fmt]:
-            opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, swap_ab="swap" in options)
+            if swiglu and "ws" in options:
+                continue
+            opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, swap_ab="swap" in options,
+                        warp_specialize="ws" in options)
             if "split" in options:
                 rows, splits = split_plan(t, n, k, bm, bn, bk, sms)
                 if rows == 0:
@@ -162,6 +174,7 @@ def describe(c: dict) -> str:
     name = "x".join(str(c[f]) for f in (("block_m", "block_n", "block_k") if "block_m" in c else ("block_n", "block_k")))
     name += f" w{c['num_warps']} s{c['num_stages']}" + "".join(
         f" {f}" for f in ("persistent", "tma", "flatten", "swap_ab", "fused_reduce") if c.get(f))
+    name += " ws" if c.get("warp_specialize") else ""
     name += f" split{c['split_k']}" if c.get("split_k", 1) > 1 and "block_m" not in c else ""
     name += f" tail {c['split_rows']}x{c['split_k']}" if c.get("split_rows") else ""
     return name + ("" if c.get("bit_convert", True) else " cast")
@@ -250,8 +263,9 @@ def layer_rows(args, run, fmt: str, model: str, layer: str, n: int, k: int, band
                        max_abs_err=err, max_abs_ref=expected.float().abs().max().item(), config=cfg.__dict__,
                        copy_bandwidth_tb_s=bandwidth / 1e12)
             if args.sweep and (not swiglu or t > 16):
-                rec["sweep"] = sweep(triton_fn, weights, sweep_configs(n, k, t, sms, fmt), expected, moved, bandwidth,
-                                     args.repeats)
+                configs = [c for c in sweep_configs(n, k, t, sms, fmt, swiglu)
+                           if args.sweep_filter is None or args.sweep_filter in describe(c.__dict__)]
+                rec["sweep"] = sweep(triton_fn, weights, configs, expected, moved, bandwidth, args.repeats)
             if fmt == "int8" and not swiglu and t in GEMLITE_TOKENS:
                 build, rec["gemlite"] = gemlite_a16w8()
                 if peers is None:
@@ -274,7 +288,7 @@ def per_layer(args, run, bandwidth: float, sms: int) -> None:
           f"{'cublas us':>9} {'bf16 us':>9} {'of copy':>7} {'TFLOP/s':>8} {'max err':>9}  config")
     for fmt in args.formats:
         for model in args.models:
-            for layer, (n, k) in layer_shapes(model).items():
+            for layer, (n, k) in ((la, nk) for la, nk in layer_shapes(model).items() if la in args.layers):
                 torch.cuda.empty_cache()
                 layer_rows(args, run, fmt, model, layer, n, k, bandwidth, sms)
     gemv = [r for r in run.records if r["T"] <= 16 and not r["swiglu"]]
