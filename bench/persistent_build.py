@@ -8,36 +8,26 @@ thread, spilled bytes, shared memory, the programs of its grid that fit on a mul
 (``persistent_plan.resident_programs``' rule: 65,536 registers in units of 8 a thread, 2,048
 threads, 228 KiB of shared memory with 1 KiB more a program) and its global loads and stores by
 width (from the SASS, ``nvdisasm``; cp.async copies ``LDGSTS`` and TMA copies ``UTMALDG`` too): a
-load narrower than 32 bits on the weights or pages is a bug (the kernel loads them in 16-byte vectors).
+load narrower than 32 bits on the weights or pages is a bug (the kernel loads them in 16-byte
+vectors). The build and its reading: bench/sm90_build.py.
 
 Every figure is the compiler's, not a measurement; the timing is ``python -m bench steps`` on a GPU.
 """
 
 from __future__ import annotations
 
-import collections
 import inspect
-import os
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
-from . import records
+from . import records, sm90_build
 from .shapes import model_config
 
-REGISTERS, THREADS, SHARED, SHARED_RESERVED, REG_UNIT = 65536, 2048, 228 * 1024, 1024, 8
 INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
 BOOLS = ("x_ahead", "item_calls", "tma_weights")
 
 
 def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool = False, **options) -> dict:
     """Build the kernel for sm_90 (``options``: ``options.persistent``'s) and read what it takes."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
-
     from tileinfer.backends.triton import persistent as P
     from tileinfer.backends.triton.persistent_plan import StepShape
 
@@ -61,27 +51,13 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
                  for n in names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                if signature[n].startswith("*") or n.startswith("stride")}
-    src = ASTSource(kernel, signature, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=aligned)
-    compile_options = {k: v for k, v in compile_options.items() if v is not None}
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=compile_options)
-    ptxas = get_ptxas(90)
-    ptxas = getattr(ptxas, "path", ptxas)
-    with tempfile.TemporaryDirectory() as work:
-        ptx, cubin = Path(work) / "step.ptx", Path(work) / "step.cubin"
-        ptx.write_text(compiled.asm["ptx"])
-        cubin.write_bytes(compiled.asm["cubin"])
-        cap = [f"--maxrregcount={compile_options['maxnreg']}"] if compile_options.get("maxnreg") else []
-        info = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(ptx), "-o", os.devnull, *cap],
-                              capture_output=True, text=True, check=True).stderr
-        sass = subprocess.run([str(Path(ptxas).with_name("nvdisasm")), "-c", str(cubin)], capture_output=True,
-                              text=True, check=True).stdout
-    regs = int(re.search(r"Used (\d+) registers", info).group(1))
-    spill_stores, spill_loads = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads",
-                                                             info).groups())
-    shared, threads = compiled.metadata.shared, compile_options["num_warps"] * 32
-    fit = min(REGISTERS // (-(-regs // REG_UNIT) * REG_UNIT * threads), THREADS // threads,
-              SHARED // (shared + SHARED_RESERVED) if shared else THREADS)
-    memory = collections.Counter(m.group(1) for m in re.finditer(r"\b((?:LDG|STG|LDGSTS|UTMALDG)[.\w]*)", sass))
+    build = sm90_build.compile_source(kernel, signature, {(names.index(k),): v for k, v in consts.items()}, aligned,
+                                      compile_options)
+    regs, shared = build.registers, build.shared_bytes
+    spill_stores, spill_loads = build.spill_stores, build.spill_loads
+    fit = sm90_build.programs_per_sm(regs, build.warps, shared)
+    memory = {op: n for op, n in sm90_build.opcodes(build.sass).items()
+              if op.split(".")[0] in ("LDG", "STG", "LDGSTS", "UTMALDG")}
     return {"shape": shape, "int8": int8, "kv_int8": kv_int8, "options": options, "registers": regs,
             "spill_stores": spill_stores, "spill_loads": spill_loads, "shared_bytes": shared,
             "programs_per_sm": fit, "global_memory": dict(sorted(memory.items()))}
