@@ -201,15 +201,31 @@ def store_kv_int8(k_dst, v_dst, ks_dst, vs_dst, ka, kb, va, vb, smooth_ptr, offs
 # -- the linear's tiles -----------------------------------------------------------------------------
 
 
+# int8 x 4 (one 32-bit register) -> the float32 patterns 0x4B0000uu of u = q + 128 (q ^ 0x80 as a
+# byte): one xor a register, one byte permute an element (PTX ``prmt``, selectors 0x7540 + j: byte j of
+# t, then bytes 0, 1 and 3 of 0x4B000000).
+INT8_TO_F32_PATTERNS = tl.constexpr(
+    "{ .reg .b32 t; xor.b32 t, $4, 0x80808080; prmt.b32 $0, t, 0x4B000000, 0x7540; "
+    "prmt.b32 $1, t, 0x4B000000, 0x7541; prmt.b32 $2, t, 0x4B000000, 0x7542; prmt.b32 $3, t, 0x4B000000, 0x7543; }")
+
+
 @triton.jit
 def int8_to(q, DTYPE: tl.constexpr, BITS: tl.constexpr):
     """The int8 tile ``q`` as exact ``DTYPE`` values (float16 / bfloat16 / float32).
 
-    ``BITS``: on the bit patterns, with no conversion instruction. float32: ``0x4B000080 + q``
-    (sign-extended) is the float ``2^23 + 128 + q``, minus ``2^23 + 128`` gives q exactly. float16:
-    ``0x6480 + q`` is ``1152 + q`` (the float16 unit at 1024 is 1), minus 1152. bfloat16: the top
-    half of q's float32 pattern (q has at most 8 significant bits, the low half is zero)."""
-    if BITS:
+    ``BITS`` 0: Triton's cast. 1: on the bit patterns, with no conversion instruction. float32:
+    ``0x4B000080 + q`` (sign-extended) is the float ``2^23 + 128 + q``, minus ``2^23 + 128`` gives q
+    exactly. float16: ``0x6480 + q`` is ``1152 + q`` (the float16 unit at 1024 is 1), minus 1152.
+    bfloat16: the top half of q's float32 pattern (q has at most 8 significant bits, the low half is
+    zero). 2 (a GPU only: inline PTX): the float32 patterns of 1 built four at a time by byte
+    permutes (:data:`INT8_TO_F32_PATTERNS`: per element one ``prmt``, where 1 takes a sign-extending
+    permute and an add), float16 as 1. All give the same values."""
+    if BITS == 2 and DTYPE != tl.float16:
+        v = tl.inline_asm_elementwise(INT8_TO_F32_PATTERNS, "=r,=r,=r,=r,r", [q], dtype=tl.int32, is_pure=True,
+                                      pack=4).to(tl.float32, bitcast=True) - 8388736.0
+        if DTYPE == tl.bfloat16:
+            v = (v.to(tl.int32, bitcast=True) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif BITS:
         if DTYPE == tl.float16:
             v = (q.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
         else:
