@@ -16,6 +16,7 @@ Engine per concurrent user, or serialize the calls.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -33,14 +34,13 @@ from tileinfer.decoding import Decoder, build_decoder
 from tileinfer.errors import UsageError
 from tileinfer.generation import Chunk, Generation, GenerationStats
 from tileinfer.interfaces import Proposer, ProposerContext
-from tileinfer.interfaces import SamplingParams as SamplerParams
 from tileinfer.logit_bias import LogitBias
 from tileinfer.memory import tensor_bytes
 from tileinfer.model_loader import Implementations, load_model
 from tileinfer.prompt import check_flag, check_ids, max_new_tokens_of, prompt_ids
 from tileinfer.registry import Registry
 from tileinfer.resolution import ResolvedConfig, implementation_options, resolve_dtype
-from tileinfer.sampling_params import SamplingParams
+from tileinfer.sampling_params import NEUTRAL, SamplingParams
 from tileinfer.sampling_step import TokenLogprob, check_logprobs
 from tileinfer.steps import build_forward
 from tileinfer.stops import Completion, StopTokenBan
@@ -103,7 +103,7 @@ class Engine:
         self.weight_bytes = tensor_bytes(self.model.embed, self.model.layers, self.model.lm_head,
                                          exclude=(self.model.rope,))
         self.kv_bytes = tensor_bytes(self.kv)
-        self.default_sampling = SamplerParams(**{key: getattr(config, key) for key in SAMPLING_KEYS})
+        self.default_sampling = SamplingParams(**{key: getattr(config, key) for key in SAMPLING_KEYS})
         self.sampler = self.registry.get("sampler", config.sampler)(
             self.default_sampling, self.device, options=implementation_options(config, "sampler", self.registry))
         self.proposer: Proposer | None = None
@@ -150,7 +150,7 @@ class Engine:
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None, *, chat: bool = False,
                max_new_tokens: int | None = None, ignore_eos: bool = False,
-               sampling: SamplerParams | None = None, logprobs: int | None = None) -> Iterator[Chunk]:
+               sampling: SamplingParams | None = None, logprobs: int | None = None) -> Iterator[Chunk]:
         """Generate from one prompt (text; ``chat``: wrapped in the chat template; or token ids),
         yielding a ``Chunk`` per decoding step as its tokens are committed, then a last chunk with
         the rest of the text and the stats. The prompt and params are checked when this is called;
@@ -164,16 +164,17 @@ class Engine:
         the first chunk carries the prompt's (``Chunk.prompt_logprobs``, None for the first prompt
         token), computed in the prefill, which then runs the whole prompt (no prefix reuse).
 
-        The keywords ``max_new_tokens``, ``ignore_eos``, ``logprobs`` and ``sampling`` (a sampler's
-        full ``tileinfer.interfaces.SamplingParams``) are shorthands for fields of ``params``, to be
-        given without it.
+        The keywords ``max_new_tokens``, ``ignore_eos``, ``logprobs`` and ``sampling`` (a
+        ``SamplingParams`` of sampling fields only, those left None at ``NEUTRAL``'s off values, not
+        the engine's defaults) are shorthands for fields of ``params``, to be given without it.
         """
         params = self._params(params, max_new_tokens, ignore_eos, sampling, logprobs)
         return self._stream(self._prompt_ids(prompt, chat, params), params)
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None, *,
                  chat: bool = False, max_new_tokens: int | None = None, ignore_eos: bool = False,
-                 sampling: SamplerParams | None = None, logprobs: int | None = None) -> Generation | list[Generation]:
+                 sampling: SamplingParams | None = None,
+                 logprobs: int | None = None) -> Generation | list[Generation]:
         """``stream`` collected: the new tokens, their text and stats (and each token's
         ``TokenLogprob`` when ``params.logprobs`` asks for them).
 
@@ -228,12 +229,12 @@ class Engine:
         if logprobs is not None:
             shorthand["logprobs"] = check_logprobs(logprobs)
         if sampling is not None:
-            if not isinstance(sampling, SamplerParams):
-                hint = " (a tileinfer.SamplingParams is params, not sampling)" if isinstance(sampling, SamplingParams) \
-                    else ""
-                raise UsageError(f"sampling must be a tileinfer.interfaces.SamplingParams, got "
-                                 f"{type(sampling).__name__}{hint}")
-            shorthand.update({key: getattr(sampling, key) for key in SAMPLING_KEYS})
+            if not isinstance(sampling, SamplingParams):
+                raise UsageError(f"sampling must be a tileinfer.SamplingParams, got {type(sampling).__name__}")
+            if dataclasses.replace(sampling, **dict.fromkeys(SAMPLING_KEYS)) != SamplingParams():
+                raise UsageError("sampling takes the sampling fields only (temperature, top_p, ...): give the others "
+                                 "in params")
+            shorthand.update(sampling.resolved(NEUTRAL).sampling)
         if params is None:
             return SamplingParams(**shorthand)
         if not isinstance(params, SamplingParams):

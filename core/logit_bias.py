@@ -13,37 +13,13 @@ with a bias runs host drafting instead (``tileinfer.decode_plan.DecodePlan.choos
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 
 import torch
 
-from tileinfer.errors import UsageError
 from tileinfer.interfaces import Sampler, TokenHistory
 from tileinfer.sampler_stage import SamplerStage
-
-MAX_BIAS = 100.0
-
-
-def check_logit_bias(value: object) -> dict[int, float] | None:
-    """``None`` or ``{token id (int >= 0): bias (a finite number in [-100, 100])}`` as a new dict of
-    floats; UsageError naming ``logit_bias`` otherwise (an empty mapping is None: no bias)."""
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise UsageError(f"logit_bias={value!r} is not valid: must be a mapping of token ids to biases")
-    out: dict[int, float] = {}
-    for token, bias in value.items():
-        if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
-            raise UsageError(f"logit_bias is not valid: {token!r} is not a token id (an integer >= 0)")
-        if not isinstance(bias, numbers.Real) or isinstance(bias, bool) or not math.isfinite(bias) \
-                or not -MAX_BIAS <= bias <= MAX_BIAS:
-            raise UsageError(f"logit_bias is not valid: the bias of token {token} is {bias!r}, not a number in "
-                             f"[-{MAX_BIAS:g}, {MAX_BIAS:g}]")
-        out[int(token)] = float(bias)
-    return out or None
-
+from tileinfer.sampling_params import MAX_BIAS, check_logit_bias
 
 class LogitBias(SamplerStage):
     """``sampler`` with a generation's logit bias (``set``) added to the logits it is given."""

@@ -1,10 +1,13 @@
-"""``tileinfer.SamplingParams``: what one generation does, as vLLM's SamplingParams names it.
+"""``tileinfer.SamplingParams``: what one generation does, as vLLM's SamplingParams names it; the one
+params type of the Python API, of the server (each request's fields make one) and of the Sampler
+interface (``tileinfer.interfaces.SamplingParams`` is this class).
 
 A field left ``None`` takes the engine's value: the config's key of the same name, which is the
 checkpoint's generation_config.json unless a config file, a flag or ``KEY=VALUE`` set it
 (``tileinfer.sampling_defaults``); ``max_tokens`` ``None`` is the config's ``max_new_tokens``. A
-field the caller sets wins. ``resolved(engine_defaults)`` gives the sampler's full
-``tileinfer.interfaces.SamplingParams`` (what a Sampler plugin reads).
+field the caller sets wins. ``resolved(defaults)`` fills the sampling fields left ``None``: a
+Sampler is always given params whose sampling fields are all set (the engine's defaults under the
+generation's own; ``NEUTRAL``'s, every one off, where a caller gave none).
 
 Every field is checked when the object is made: a bad value is a one-line UsageError naming the
 field (``temperature=-1 is not valid: ...``).
@@ -13,18 +16,19 @@ field (``temperature=-1 is not valid: ...``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tileinfer.config import SAMPLING_KEYS, check_sampling
 from tileinfer.errors import ConfigError, UsageError
-from tileinfer.interfaces import SamplingParams as SamplerParams
-from tileinfer.logit_bias import check_logit_bias
-from tileinfer.sampling_step import MAX_TOP_LOGPROBS
 from tileinfer.structured import StructuredOutput
 
 MAX_STOPS = 16  # stop strings per generation (each is searched for at every token)
+MAX_TOP_LOGPROBS = 20
+MAX_BIAS = 100.0
+INT_KEYS = ("top_k", "seed")  # the other sampling keys are floats
 
 
 @dataclass(frozen=True)
@@ -33,9 +37,15 @@ class SamplingParams:
 
     Sampling (``None``: the engine's default, from the checkpoint's generation_config.json):
     ``temperature`` (0 is greedy), ``top_p``, ``top_k`` (0 is off), ``min_p``,
-    ``repetition_penalty`` (1 is off; on the prompt and the reply), ``presence_penalty`` and
-    ``frequency_penalty`` (0 is off; on the reply), ``seed`` (the sampler's generator, set again at
-    each generation).
+    ``repetition_penalty`` (1 is off), ``presence_penalty`` and ``frequency_penalty`` (0 is off),
+    ``seed`` (the sampler's generator, set again at each generation). The penalties act before
+    temperature and the truncations, greedy included: presence and frequency as OpenAI and vLLM
+    define them, on the generated tokens (each logit minus ``frequency * count + presence * (count >
+    0)``); repetition as Hugging Face and vLLM define it, on the prompt and the generated tokens (a
+    seen token's logit divided by it when positive, multiplied by it when not). Their ranges are the
+    config's (``config.check_sampling``): finite, ``temperature >= 0``, ``0 < top_p <= 1``, ``0 <=
+    min_p < 1``, ``top_k >= 0``, a seed in ``[0, 2**63 - 1]``, presence and frequency in ``[-2, 2]``,
+    repetition ``> 0``.
 
     Length and stops: ``max_tokens`` new tokens at most (``None``: the config's max_new_tokens);
     ``stop``: strings that end the generation where the text first contains one (the text ends
@@ -96,7 +106,7 @@ class SamplingParams:
             raise UsageError(str(exc)) from None
         for key in SAMPLING_KEYS:  # an int where a float is meant (temperature=1) reads as that float
             value = getattr(self, key)
-            if isinstance(value, numbers.Integral) and isinstance(getattr(SamplerParams, key), float):
+            if isinstance(value, numbers.Integral) and key not in INT_KEYS:
                 object.__setattr__(self, key, float(value))
         if self.max_tokens is not None:
             object.__setattr__(self, "max_tokens", _count("max_tokens", self.max_tokens, 1))
@@ -121,16 +131,45 @@ class SamplingParams:
         if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
             raise UsageError(f"cache_salt={self.cache_salt!r} is not valid: must be None or a non-empty string")
 
-    def resolved(self, defaults: SamplerParams) -> SamplerParams:
-        """The sampler's params: ``defaults`` (the engine's) with the fields set here."""
-        return dataclasses.replace(defaults, **{key: getattr(self, key) for key in SAMPLING_KEYS
-                                                if getattr(self, key) is not None})
+    def resolved(self, defaults: "SamplingParams") -> "SamplingParams":
+        """These params with each sampling field left ``None`` taken from ``defaults`` (the engine's,
+        or ``NEUTRAL``); the others as they are."""
+        return dataclasses.replace(self, **{key: getattr(defaults, key) for key in SAMPLING_KEYS
+                                            if getattr(self, key) is None})
 
-    @classmethod
-    def of_sampler(cls, sampler: SamplerParams, **fields) -> "SamplingParams":
-        """Every sampling field as ``sampler`` (a full ``tileinfer.interfaces.SamplingParams``) sets
-        it, and ``fields``."""
-        return cls(**{key: getattr(sampler, key) for key in SAMPLING_KEYS}, **fields)
+    @property
+    def sampling(self) -> dict[str, object]:
+        """The sampling fields that are set (the config keys of the same names)."""
+        return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
+
+    @property
+    def greedy(self) -> bool:
+        """``temperature`` is 0 (of resolved params: a sampler's)."""
+        return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on (a sampler then reads the token history; of resolved params)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+def check_logit_bias(value: object) -> dict[int, float] | None:
+    """``None`` or ``{token id (int >= 0): bias (a finite number in [-100, 100])}`` as a new dict of
+    floats; UsageError naming ``logit_bias`` otherwise (an empty mapping is None: no bias)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise UsageError(f"logit_bias={value!r} is not valid: must be a mapping of token ids to biases")
+    out: dict[int, float] = {}
+    for token, bias in value.items():
+        if not isinstance(token, numbers.Integral) or isinstance(token, bool) or token < 0:
+            raise UsageError(f"logit_bias is not valid: {token!r} is not a token id (an integer >= 0)")
+        if not isinstance(bias, numbers.Real) or isinstance(bias, bool) or not math.isfinite(bias) \
+                or not -MAX_BIAS <= bias <= MAX_BIAS:
+            raise UsageError(f"logit_bias is not valid: the bias of token {token} is {bias!r}, not a number in "
+                             f"[-{MAX_BIAS:g}, {MAX_BIAS:g}]")
+        out[int(token)] = float(bias)
+    return out or None
 
 
 def _count(key: str, value: object, minimum: int) -> int:
@@ -157,4 +196,9 @@ def _token_ids(value: object) -> tuple[int, ...]:
     return tuple(int(t) for t in value)
 
 
-__all__ = ["MAX_STOPS", "SamplingParams"]
+# Every sampling field at its off value: greedy, no truncation, no penalty, seed 0 (what a sampler
+# built without the engine's defaults takes for the fields its params leave None).
+NEUTRAL = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, presence_penalty=0.0,
+                         frequency_penalty=0.0, repetition_penalty=1.0)
+
+__all__ = ["MAX_BIAS", "MAX_STOPS", "MAX_TOP_LOGPROBS", "NEUTRAL", "SamplingParams", "check_logit_bias"]

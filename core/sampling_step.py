@@ -25,8 +25,7 @@ import torch
 from tileinfer.errors import UsageError
 from tileinfer.grammar_mask import Matcher, TokenMask
 from tileinfer.interfaces import Sample, Sampler, TokenHistory
-
-MAX_TOP_LOGPROBS = 20
+from tileinfer.sampling_params import MAX_TOP_LOGPROBS
 
 
 @dataclass

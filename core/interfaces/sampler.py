@@ -1,54 +1,20 @@
-"""Sampler: the next token(s) from logits and the sequence so far, and the distribution it drew them from."""
+"""Sampler: the next token(s) from logits and the sequence so far, and the distribution it drew them from.
+
+Its params are ``tileinfer.SamplingParams`` (also named ``tileinfer.interfaces.SamplingParams``),
+with every sampling field set.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tileinfer.config import check_sampling
 from tileinfer.interfaces.pluggable import Pluggable
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """``temperature = 0`` is greedy; ``top_k = 0``, ``top_p = 1`` and ``min_p = 0`` are off, and so
-    are ``presence_penalty = 0``, ``frequency_penalty = 0`` and ``repetition_penalty = 1``.
-
-    Penalties (before temperature and the truncations, greedy included): ``presence_penalty`` and
-    ``frequency_penalty`` as OpenAI and vLLM define them, on the generated tokens only (each logit
-    minus ``frequency * count + presence * (count > 0)``); ``repetition_penalty`` as Hugging Face
-    and vLLM define it, on the prompt and the generated tokens (a seen token's logit divided by it
-    when positive, multiplied by it when not).
-
-    Checked as the config checks them (``config.check_sampling``, a ConfigError naming the value):
-    finite floats, ``temperature >= 0``, ``0 < top_p <= 1``, ``0 <= min_p < 1``, ``top_k >= 0``,
-    a seed in ``[0, 2**63 - 1]``, presence and frequency penalties in ``[-2, 2]``, a repetition
-    penalty ``> 0``."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        check_sampling(asdict(self))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def penalized(self) -> bool:
-        """Whether any penalty is on (a sampler then reads the token history)."""
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+from tileinfer.sampling_params import NEUTRAL, SamplingParams
 
 
 @dataclass
@@ -107,6 +73,11 @@ class Sampler(Pluggable, ABC):
     ``probs`` is the distribution ``sample`` draws from (after penalties, temperature, top-k,
     top-p, min-p; one-hot at the argmax when greedy): the target's ``p`` in speculative sampling.
     ``generator`` is the only source of randomness, so a seed reproduces a generation.
+
+    ``params`` (a ``tileinfer.SamplingParams``) always has every sampling field set: params given
+    with some left None (``SamplingParams(temperature=0.7)``) take ``NEUTRAL``'s for them (off:
+    no truncation, no penalty, seed 0); the engine gives each generation's, resolved against its
+    defaults.
     """
 
     def __init__(self, params: SamplingParams, device: torch.device, *,
@@ -115,7 +86,17 @@ class Sampler(Pluggable, ABC):
         self.params = params
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(params.seed)
+        self.generator.manual_seed(self.params.seed)
+
+    @property
+    def params(self) -> SamplingParams:
+        return self._params
+
+    @params.setter
+    def params(self, params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"a Sampler's params are a tileinfer.SamplingParams, got {type(params).__name__}")
+        self._params = params.resolved(NEUTRAL)
 
     @property
     def greedy(self) -> bool:

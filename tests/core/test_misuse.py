@@ -26,7 +26,7 @@ import tileinfer
 from tileinfer.backends.reference.sampling import sampling_probs
 from tileinfer.cli import main
 from tileinfer.config import load_config, resolve_config
-from tileinfer.errors import ConfigError
+from tileinfer.errors import ConfigError, UsageError
 from tileinfer.interfaces import Attention, RunSpec, SamplingParams
 from tileinfer.registry import build_registry, plugin_manager
 from cli_checks import IDS, assert_one_error, generate_json
@@ -162,7 +162,7 @@ def test_sampling_params_check_as_the_config_does(values):
     if config_ok:  # an int where a float goes
         SamplingParams(**values)
     else:
-        with pytest.raises(ConfigError, match=f"{next(iter(values))}="):
+        with pytest.raises(UsageError, match=f"{next(iter(values))}="):
             SamplingParams(**values)
 
 

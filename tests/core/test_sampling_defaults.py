@@ -12,6 +12,7 @@ import tileinfer
 from conftest import REFERENCE_CPU as BASE, run_cli as run
 from tileinfer.errors import CheckpointError
 from tileinfer.interfaces import SamplingParams
+from tileinfer.sampling_params import NEUTRAL
 from tileinfer.sampling_defaults import checkpoint_sampling
 
 QWEN3 = {"bos_token_id": 151643, "do_sample": True, "eos_token_id": [2, 0], "pad_token_id": 0,
@@ -38,7 +39,7 @@ def engine(folder, *sources, overrides=()):
 def test_the_checkpoints_values_are_the_defaults(folder):
     e = engine(with_generation(folder, QWEN3))
     assert e.default_sampling == SamplingParams(temperature=0.6, top_k=20, top_p=0.95, min_p=0.0,
-                                                repetition_penalty=1.05)
+                                                repetition_penalty=1.05).resolved(NEUTRAL)
 
 
 @pytest.mark.parametrize("values,expected", [
@@ -56,7 +57,7 @@ def test_read_as_transformers_reads_it(folder, values, expected):
 def test_no_file_is_greedy(folder):
     (folder / "generation_config.json").unlink(missing_ok=True)
     assert checkpoint_sampling(folder) == {}
-    assert engine(folder).default_sampling == SamplingParams()
+    assert engine(folder).default_sampling == NEUTRAL
 
 
 def test_precedence(folder, tmp_path, capsys):

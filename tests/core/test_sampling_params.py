@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import shutil
 import threading
@@ -64,6 +65,25 @@ def test_the_checkpoints_defaults_stay_under_the_fields_set(tiny_checkpoint, tmp
     assert penalized != plain  # the penalty changes this generation, so the check below can fail
     assert engine.generate(PROMPT, max_new_tokens=12, ignore_eos=True).token_ids == penalized
     assert SamplingParams(temperature=0.5).resolved(engine.default_sampling).repetition_penalty == 1.8
+
+
+def test_one_type_for_the_python_api_the_server_and_the_sampler(engine):
+    """tileinfer.interfaces.SamplingParams is tileinfer.SamplingParams; a sampler always holds every
+    sampling field (NEUTRAL's where its params leave one None); the sampling shorthand's unset fields
+    are off, not the engine's defaults."""
+    from tileinfer.interfaces import SamplingParams as SamplerParams
+    from tileinfer.plugins.reference.sampler import ReferenceSampler
+    from tileinfer.sampling_params import NEUTRAL
+
+    assert SamplerParams is SamplingParams and NEUTRAL.greedy and not NEUTRAL.penalized
+    sampler = ReferenceSampler(SamplingParams(temperature=0.7, max_tokens=3), "cpu")
+    assert sampler.params == SamplingParams(temperature=0.7, max_tokens=3).resolved(NEUTRAL)
+    assert (sampler.params.top_k, sampler.params.repetition_penalty, sampler.params.seed) == (0, 1.0, 0)
+    with pytest.raises(TypeError, match="tileinfer.SamplingParams, got dict"):
+        sampler.params = {"temperature": 1.0}
+    hot = SamplingParams(temperature=1.0, seed=5)
+    assert engine.generate(PROMPT, max_new_tokens=6, sampling=hot).token_ids == engine.generate(
+        PROMPT, dataclasses.replace(hot.resolved(NEUTRAL), max_tokens=6)).token_ids
 
 
 def test_a_batch_is_answered_one_result_per_prompt_in_order(engine):
@@ -126,7 +146,8 @@ def test_stream_async_closed_early_frees_the_engine(engine):
 @pytest.mark.parametrize("call, words", [
     (lambda e: e.generate(PROMPT, {"max_tokens": 3}), "params must be a tileinfer.SamplingParams, got dict"),
     (lambda e: e.generate(PROMPT, SamplingParams(), max_new_tokens=3), "not beside it"),
-    (lambda e: e.generate(PROMPT, sampling=SamplingParams()), "a tileinfer.SamplingParams is params"),
+    (lambda e: e.generate(PROMPT, sampling=SamplingParams(max_tokens=3)), "sampling takes the sampling fields only"),
+    (lambda e: e.generate(PROMPT, sampling={"temperature": 1.0}), "sampling must be a tileinfer.SamplingParams"),
     (lambda e: e.generate(PROMPT, SamplingParams(stop_token_ids=[10**6])), "stop_token_ids: 1000000 is outside"),
 ])
 def test_misused_params_are_usage_errors(engine, call, words):

@@ -13,7 +13,7 @@ openai = pytest.importorskip("openai")  # the server's stack: installed by the [
 import tileinfer  # noqa: E402
 from tileinfer.errors import UsageError  # noqa: E402
 from test_server import assert_error, model_id, post  # noqa: E402
-from test_server import client, engine, reference, url  # noqa: E402, F401  (its fixtures: a server with its key, engines)
+from test_server import client, engine, reference, url  # noqa: E402, F401  (its fixtures: a server, engines)
 
 PROMPT = "import os\nimport sys\nprint(os.path.join(sys.prefix, 'lib'))"
 
