@@ -10,7 +10,8 @@ launched (12 for a warp-specialized 4-warp kernel) and the partitions' register 
 SM, and from the SASS the main loops (the innermost loops holding the MMAs; a flattened tile loop
 holds its epilogue too): per iteration (one BLOCK_K step of a warp) the instructions, the warpgroup
 MMAs with their A operand (registers or shared memory), the copies (TMA, cp.async), the
-shared-memory loads by width and the conversion and integer/float instructions of an int8 tile.
+shared-memory loads by width, the shared-memory stores (an int8 tile converted and stored back for
+an MMA that reads it there) and the conversion and integer/float instructions of an int8 tile.
 
 Every figure is the compiler's, not a measurement; the timing is ``python -m bench kernels linear``
 on a GPU.
@@ -29,6 +30,7 @@ GROUPS = {
     "mma": ("HGMMA",),
     "copies": ("UTMALDG", "LDGSTS", "LDG"),
     "shared_loads": ("LDS", "LDSM"),
+    "shared_stores": ("STS",),
     "conversion": ("I2F", "F2F", "F2FP", "PRMT", "LOP3", "I2IP", "SHF"),
     "alu": ("VIADD", "IADD3", "FADD", "FMUL", "FFMA", "HADD2", "HFMA2", "IMAD"),
     "moves": ("MOV", "IMAD.MOV"),
@@ -124,7 +126,7 @@ def option(text: str) -> tuple[str, object]:
 def describe_loop(loop: dict) -> str:
     g = loop["groups"]
     parts = [f"{loop['instructions']} instructions", ", ".join(f"{n} {op}" for op, n in loop["hgmma"].items())]
-    for name in ("copies", "shared_loads", "conversion", "alu", "moves"):
+    for name in ("copies", "shared_loads", "shared_stores", "conversion", "alu", "moves"):
         if g[name]:
             parts.append(f"{name}: " + ", ".join(f"{op} {n}" for op, n in g[name].items()))
     parts.append(f"sync: {sum(g['sync'].values())}")
