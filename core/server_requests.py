@@ -336,7 +336,7 @@ class TokenizeRequest(_Body):
     /v1/chat/completions renders them (``chat_template_kwargs``, ``tools``; and ``tool_choice``,
     whose "none" leaves the tools out, as chat does)."""
 
-    CHAT_ONLY: ClassVar[tuple[str, ...]] = ("chat_template_kwargs", "tools", "tool_choice")
+    CHAT_ONLY: ClassVar[tuple[str, ...]] = ("add_generation_prompt", "chat_template_kwargs", "tools", "tool_choice")
 
     model: str | None = None
     prompt: str | None = None

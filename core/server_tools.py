@@ -3,11 +3,13 @@ them: ``tools`` (function tools: ``{"type": "function", "function": {"name", "de
 "parameters", "strict"}}``, ``parameters`` a JSON schema checked with jsonschema), ``tool_choice``
 ("none", "auto", "required" or ``{"type": "function", "function": {"name"}}``) and the
 ``tool_calls`` of an assistant message in the history. ``check_tool_choice`` checks them
-together; each problem is a 400 naming the field.
+together; each problem is a 400 naming the field (a history call's ``arguments`` that are not a JSON
+object's text: ``messages[1].tool_calls[0].function.arguments``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 import jsonschema
@@ -88,7 +90,19 @@ ToolChoice = Annotated[str | NamedToolChoice, BeforeValidator(_tool_choice)]
 
 class CalledFunction(_Strict):
     name: str
-    arguments: str | dict[str, Any]  # JSON text (OpenAI's), or the object itself
+    arguments: str | dict[str, Any]  # JSON text of an object (OpenAI's), or the object itself
+
+    @field_validator("arguments")
+    @classmethod
+    def _object_text(cls, arguments: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(arguments, str):
+            try:
+                value = json.loads(arguments)
+            except ValueError:
+                value = None
+            if not isinstance(value, dict):
+                raise PydanticCustomError("arguments", "must be the JSON text of an object (or the object)")
+        return arguments
 
 
 class MessageToolCall(_Strict):

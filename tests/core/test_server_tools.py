@@ -216,6 +216,10 @@ def test_tokenize_renders_the_prompt_chat_completions_generates_from(url, client
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
     ({"prompt": "hi", "tools": [WEATHER]}, "tools"),
     ({"prompt": "hi", "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"prompt": "hi", "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": [*USER, {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": "x"}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
 ])
 def test_bad_tokenize_fields_are_400s_naming_the_field(url, body, param):
     assert_error(httpx.post(f"{url}/tokenize", json=body, timeout=60), 400, param)
@@ -278,6 +282,9 @@ def test_tool_messages_in_the_history(client, scripted):
      "tools", ""),  # a schema jsonschema takes but the grammar engine cannot compile (a lookbehind)
     ({"messages": [*USER, {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}]},
      "messages[1].tool_calls[0].function", ""),
+    *[({"messages": [*USER, {"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}]},
+       "messages[1].tool_calls[0].function.arguments", "JSON text of an object") for arguments in ("{oops", "[1]")],
 ])
 def test_bad_tool_fields_are_400s_naming_the_field(url, change, param, words):
     body = {"messages": USER, "max_tokens": 2, "tools": [WEATHER], **change}
