@@ -19,6 +19,8 @@ the positions may all be outputs of earlier kernels or copies). Same bits either
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 
@@ -26,7 +28,7 @@ from tileinfer.backends.triton import FLOAT_DTYPES, SMALL_STEP_MAX_TOKENS
 from tileinfer.backends.triton.interpreter import interpreted
 from tileinfer.backends.triton.paged_attention_decode import launch_decode
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, check_int8_pages, int8_pages
-from tileinfer.backends.triton.paged_attention_prefill import launch_prefill
+from tileinfer.backends.triton.paged_attention_prefill import PrefillTiles, prefill_launch
 from tileinfer.backends.triton.pdl import use_pdl
 
 LOG2E = 1.4426950408889634
@@ -108,15 +110,41 @@ INT8_BLOCK_N = 32  # the prefill's
 INT8_DECODE_BLOCK_N = 64
 
 
-def _prefill_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
-    """Block sizes and launch options of the prefill kernel for ``rows = T * G`` query rows.
+def _prefill_config(rows: int, head_dim: int, kv_int8: bool = False) -> PrefillTiles:
+    """The rule's tiles of the prefill kernel for ``rows = T * G`` query rows.
 
     H200, Qwen3-4B shape, T = 1,024: BLOCK_M 64 x BLOCK_N 64, 4 warps, 3 stages gave 261 TFLOP/s
     from start 0 and 446 from start 4,096, against 204 / 365 for 128 x 128 with 8 warps. Int8
     pages: :data:`INT8_BLOCK_N` keys.
     """
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
-    return dict(BLOCK_M=block_m, BLOCK_N=INT8_BLOCK_N if kv_int8 else 64, num_warps=4, num_stages=3)
+    return PrefillTiles(block_m, INT8_BLOCK_N if kv_int8 else 64, num_warps=4, num_stages=3)
+
+
+# Named prefill tile shapes besides the rule (``prefill_tiles``; options.triton.prefill_tiles), not
+# measured yet at 8k / 32k: FA3's at head_dim 128 (128 query rows, 8 warps: two warpgroups of 64).
+PREFILL_SHAPES = {
+    "128x64": PrefillTiles(128, 64, num_warps=8, num_stages=3),
+    "128x128": PrefillTiles(128, 128, num_warps=8, num_stages=2),
+}
+
+
+def prefill_tiles(rows: int, head_dim: int, kv_int8: bool = False, *, shape: str = "rule", tma: bool = False,
+                  warp_specialize: bool = False) -> PrefillTiles:
+    """The prefill kernel's tiles for ``rows = T * G`` query rows: the rule's (``shape="rule"``,
+    :func:`_prefill_config`) or a shape of :data:`PREFILL_SHAPES`; ``tma``: K/V through TMA
+    descriptors; ``warp_specialize``: the warp-specialized key loop (TMA, q through TMA as one head's
+    tokens, 128 rows, 4 warps, the shape's key tile and stages). TMA needs pages in q's dtype and a
+    page size that is a multiple of the key tile (``paged_prefill_attention`` asserts both)."""
+    if shape == "rule":
+        tiles = _prefill_config(rows, head_dim, kv_int8)
+    else:
+        valid = ", ".join(("rule", *PREFILL_SHAPES))
+        assert shape in PREFILL_SHAPES, f"unknown prefill tile shape {shape!r}; valid: {valid}"
+        tiles = PREFILL_SHAPES[shape]
+    if warp_specialize:
+        return replace(tiles, block_m=128, num_warps=4, tma=True, head_rows=True, warp_specialize=True)
+    return replace(tiles, tma=True) if tma else tiles
 
 
 def _decode_config(rows: int, head_dim: int, kv_int8: bool = False) -> dict:
@@ -136,7 +164,7 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
                             positions: torch.Tensor | None = None,
                             k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                             k_smooth: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                            pdl: bool = False) -> torch.Tensor:
+                            pdl: bool = False, tiles: PrefillTiles | None = None) -> torch.Tensor:
     """GQA attention of ``T`` new queries over the ``L = start + T`` cached positions.
 
     ``q`` ``[T, H, D]`` (any token/head strides, D contiguous) holds the queries of positions
@@ -158,6 +186,9 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
     ``[T]`` int64 positions; made from ``start`` when not given), as the decode kernel does, so that
     a prefill step captured into a CUDA graph replays at any start (the host ``start`` is then only
     the capture's: it is checked against the block table, nothing else).
+
+    ``tiles``: the kernel's tiles (:func:`prefill_tiles`; None: the rule's). Every choice computes
+    the same attention; the key order of the online softmax, and so the roundings, may differ.
     """
     quant = int8_pages(k_scale, v_scale, k_smooth)
     t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out, quant)
@@ -168,9 +199,10 @@ def paged_prefill_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: tor
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     group = h // hkv
     upcast, precision = _kernel_flags(q.dtype, q.device)
-    launch_prefill(q, k_pages, v_pages, block_table, out, positions, scale * LOG2E, group,
-                   _prefill_config(t * group, d, quant is not None), upcast, precision, use_pdl(pdl, q.device),
-                   causal, quant)
+    if tiles is None:
+        tiles = _prefill_config(t * group, d, quant is not None)
+    prefill_launch(q, k_pages, v_pages, block_table, out, positions, scale * LOG2E, group, tiles, upcast, precision,
+                   use_pdl(pdl, q.device), causal, quant)()
     return out
 
 
@@ -216,4 +248,5 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     return out
 
 
-__all__ = ["decode_splits", "paged_decode_attention", "paged_prefill_attention"]
+__all__ = ["PREFILL_SHAPES", "PrefillTiles", "decode_splits", "paged_decode_attention", "paged_prefill_attention",
+           "prefill_tiles"]
