@@ -18,8 +18,8 @@ fraction of the copy bandwidth (measured in the same run), TFLOP/s at T > 16. ``
 other tiles per shape (``sweep_configs``: GEMV tiles, split-K with and without the fused reduce,
 the GEMM's tiles, the persistent kernel's with TMA, flattened loops, split tails and warp-specialized
 loops (``ws``, not with SwiGLU); for int8 Triton's plain cast), each with its max error against the
-twin; ``--sweep-filter WORD`` keeps the swept configs whose description (as printed) holds WORD. A kernel-level peer at T = 1 and 16 for int8:
-gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
+twin; ``--sweep-filter WORD`` keeps the swept configs whose description (as printed) holds WORD.
+A kernel-level peer at T = 1 and 16 for int8: gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
 built from the same weights and scales; its own kernel choice and autotuning, untimed), or the
 reason it does not import (it needs a GPU to import; bench/device.sh carries it).
 

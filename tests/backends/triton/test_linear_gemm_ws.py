@@ -105,3 +105,14 @@ def test_gpu_same_bits_as_without(name, fmt, T):
     assert_same_bits(forms(x, weights, N, dataclasses.replace(cfg, warp_specialize=True), r), plain)
     err = ((plain[0].double() - ref_linear(x, *weights).double()).norm() / ref_linear(x, *weights).double().norm())
     assert err.item() < 4e-3
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_sweep_times_warp_specialized_candidates_but_not_for_swiglu(fmt):
+    from bench.kernels import linear as module
+
+    for N, K in QWEN3_LINEARS.values():
+        plain = [c for c in module.sweep_configs(N, K, 1024, 132, fmt) if c.warp_specialize]
+        assert len(plain) == 4 and all(c.tma and c.num_warps == 4 for c in plain)
+        assert not [c for c in module.sweep_configs(N, K, 1024, 132, fmt, swiglu=True) if c.warp_specialize]
+        assert all(" ws" in module.describe(c.__dict__) for c in plain)
