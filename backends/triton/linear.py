@@ -97,6 +97,8 @@ def linear(
     assert K > 0, "K must be positive"
     cfg = config or rule_config(x, w, scale, swiglu=swiglu, out_dtype=out.dtype)
     dot_f32 = interpreted(x.device)
+    assert not (dot_f32 and scale is not None and cfg.int8_convert == "permute"), (
+        "int8_convert='permute' is inline PTX: it runs on a GPU, not under the interpreter")
     if T <= SMALL_STEP_MAX_TOKENS:
         assert isinstance(cfg, GemvConfig), f"T <= {SMALL_STEP_MAX_TOKENS} takes a GemvConfig, got {cfg}"
         launch_gemv(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, use_pdl(pdl, x.device), counters)

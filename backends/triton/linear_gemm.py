@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from tileinfer.backends.triton.device_functions import dot_chunk, load_chunk, round_to, silu_mul_f32, store_tile
-from tileinfer.backends.triton.linear_tiles import GemmConfig
+from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemmConfig
 
 
 @triton.jit
@@ -115,7 +115,7 @@ def gemm_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
     return KernelLaunch(_gemm_kernel, grid, args, dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWIGLU=swiglu,
         DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, RESIDUAL=residual is not None, INT8=scale is not None,
-        BITS=cfg.bit_convert, SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         enable_fp_fusion=True))
 
 

@@ -52,7 +52,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from tileinfer.backends.triton.device_functions import dot_chunk, load_chunk, round_to, silu_mul_f32, store_tile
 from tileinfer.backends.triton.interpreter import sms_of
 from tileinfer.backends.triton.linear_gemm import KernelLaunch
-from tileinfer.backends.triton.linear_tiles import GemmConfig, balance
+from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemmConfig, balance
 
 
 def tma_ok(*tensors: torch.Tensor) -> bool:
@@ -260,7 +260,7 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
             out.stride(0), r.stride(0), part.stride(0), part.stride(-2), dp_rows, programs, n_lo, n_hi, per_split)
     return KernelLaunch(_gemm_persistent_kernel, (programs,), args, dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32,
-        EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=cfg.bit_convert, SWAP_AB=cfg.swap_ab,
+        EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab,
         TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits, WS=cfg.warp_specialize and tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True))
 

@@ -50,7 +50,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, int8_to, launch_dependents_then_wait,
                                                         round_to, silu_mul_f32)
-from tileinfer.backends.triton.linear_tiles import GemvConfig
+from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemvConfig
 from tileinfer.backends.triton.pdl import launch_options
 
 GEMV_BLOCK_T = 16  # token rows of the GEMV's tl.dot (T = 2..16 padded to 16)
@@ -301,7 +301,7 @@ def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
     s = scale if int8 else w
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
-                  LATE_LAUNCH=cfg.late_launch, INT8=int8, BITS=cfg.bit_convert,
+                  LATE_LAUNCH=cfg.late_launch, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert],
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True, **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)

@@ -21,6 +21,12 @@ LM_HEAD_ROWS = 32768  # weight rows from which a GEMV is an lm_head-sized stream
 SMEM_BYTES = 232448  # shared memory one program may use on an H100 / H200 (Triton's hardware limit)
 
 
+# How a kernel turns int8 weights into floats (``int8_to``'s BITS of device_functions.py): Triton's
+# cast, the bit patterns, the bit patterns built by byte permutes (inline PTX: a GPU only). The same
+# values each way.
+INT8_CONVERTS = {"cast": 0, "bits": 1, "permute": 2}
+
+
 @dataclass(frozen=True)
 class GemvConfig:
     """Tiles of the GEMV (T <= 16, linear_gemv.py)."""
@@ -32,7 +38,10 @@ class GemvConfig:
     num_stages: int
     fused_reduce: bool = False  # split-K: the last split's program adds the partials (no reduce kernel)
     late_launch: bool = False  # with PDL: the next kernel may launch after the K loop, not at the start
-    bit_convert: bool = True  # int8 weights: int8 -> float by bit patterns (False: Triton's cast)
+    int8_convert: str = "bits"  # int8 weights -> float: INT8_CONVERTS
+
+    def __post_init__(self):
+        assert self.int8_convert in INT8_CONVERTS, f"int8_convert is one of {', '.join(INT8_CONVERTS)}: {self}"
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class GemmConfig:
     group_m: int
     num_warps: int
     num_stages: int
-    bit_convert: bool = True  # int8 weights: int8 -> float by bit patterns (False: Triton's cast)
+    int8_convert: str = "bits"  # int8 weights -> float: INT8_CONVERTS
     swap_ab: bool = False
     persistent: bool = False
     tma: bool = False
@@ -64,6 +73,7 @@ class GemmConfig:
     warp_specialize: bool = False
 
     def __post_init__(self):
+        assert self.int8_convert in INT8_CONVERTS, f"int8_convert is one of {', '.join(INT8_CONVERTS)}: {self}"
         options = dict(tma=self.tma, flatten=self.flatten, split_rows=self.split_rows, split_k=self.split_k != 1,
                        programs=self.programs, warp_specialize=self.warp_specialize)
         set_without = [k for k, v in options.items() if v and not self.persistent]
@@ -155,7 +165,7 @@ def gemv_config(N: int, K: int, T: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
             rule.decode_lm_head if N >= LM_HEAD_ROWS else rule.decode)
         block_k = min(block_k, max(16, triton.next_power_of_2(K)))
         split = gemv_split_k(N, K, block_n, block_k, sms)
-        return GemvConfig(block_n, block_k, split, warps, stages, fused_reduce=split > 1, bit_convert=True)
+        return GemvConfig(block_n, block_k, split, warps, stages, fused_reduce=split > 1)
     block_n, block_k, warps, stages = (rule.verify_lm_head if N >= LM_HEAD_ROWS else
                                        rule.verify_wide if N >= 16384 else rule.verify)
     programs = triton.cdiv(N, block_n)

@@ -17,7 +17,8 @@ Columns: those times, GB/s (weight + scales + activation + output bytes over tim
 fraction of the copy bandwidth (measured in the same run), TFLOP/s at T > 16. ``--sweep`` also times
 other tiles per shape (``sweep_configs``: GEMV tiles, split-K with and without the fused reduce,
 the GEMM's tiles, the persistent kernel's with TMA, flattened loops, split tails and warp-specialized
-loops (``ws``, not with SwiGLU); for int8 Triton's plain cast), each with its max error against the
+loops (``ws``, not with SwiGLU); for int8 the rule's tile with Triton's plain cast and with the
+byte-permute conversion, ``int8_convert`` ``cast`` / ``permute``), each with its max error against the
 twin; ``--sweep-filter WORD`` keeps the swept configs whose description (as printed) holds WORD.
 A kernel-level peer at T = 1 and 16 for int8: gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
 built from the same weights and scales; its own kernel choice and autotuning, untimed), or the
@@ -129,7 +130,8 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = Fal
     if t > 16:
         rule = gemm_config(t, n, k, sms, int8=int8)
         if int8:
-            yield GemmConfig(**{**rule.__dict__, "bit_convert": False})
+            for convert in ("cast", "permute"):
+                yield GemmConfig(**{**rule.__dict__, "int8_convert": convert})
         for bm, bn, bk, w, s, _ in GEMM_TILES["int8" if int8 else "none"][:2]:
             yield GemmConfig(bm, bn, bk, 8, w, s, swap_ab=int8)
         for bm, bn, bk, w, s, options in PERSISTENT_TILES[fmt]:
@@ -145,7 +147,8 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = Fal
             yield GemmConfig(bm, bn, bk, 8, w, s, **opts)
         return
     if int8:
-        yield GemvConfig(**{**gemv_config(n, k, t, sms, int8=True).__dict__, "bit_convert": False})
+        for convert in ("cast", "permute"):
+            yield GemvConfig(**{**gemv_config(n, k, t, sms, int8=True).__dict__, "int8_convert": convert})
     for bn, bk, w, s in GEMV_TILES[(min(t, 2), fmt)]:
         bk = min(bk, max(16, 2 ** math.ceil(math.log2(k))))
         rule = gemv_split_k(n, k, bn, bk, sms)
@@ -177,7 +180,8 @@ def describe(c: dict) -> str:
     name += " ws" if c.get("warp_specialize") else ""
     name += f" split{c['split_k']}" if c.get("split_k", 1) > 1 and "block_m" not in c else ""
     name += f" tail {c['split_rows']}x{c['split_k']}" if c.get("split_rows") else ""
-    return name + ("" if c.get("bit_convert", True) else " cast")
+    convert = c.get("int8_convert", "bits" if c.get("bit_convert", True) else "cast")  # or a record's bit_convert
+    return name + ("" if convert == "bits" else f" {convert}")
 
 
 def print_best(rows: list[dict], best: int = 3) -> None:

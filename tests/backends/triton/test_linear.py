@@ -31,6 +31,8 @@ from .per_op_chains import linear_fused, linear_per_op
 
 DTYPES = INTERPRETER_DTYPES + ([torch.bfloat16] if DEVICE == "cuda" else [])
 FORMATS = ["none", "int8"]
+# int8 -> float conversions (linear_tiles.INT8_CONVERTS), the rule's first; byte permutes are inline PTX (a GPU)
+CONVERTS = ["bits", "cast"] + (["permute"] if DEVICE == "cuda" else [])
 # GEMV T=1 (CUDA cores); GEMV tl.dot (T = 2..16 in one 16-row tile: 2 masked, 16 full); GEMM (17: one masked
 # block of the rule's 64-row tile at these shapes, as every T up to 64)
 TOKENS = [1, 2, 16, 17]
@@ -134,12 +136,20 @@ def test_gemv_and_gemm_with_explicit_tiles(T, fmt):
     N, K = 80, 100
     x, w, scale = weights(fmt, T, N, K, dtype, "tiles")
     if T <= 16:
-        bits, cast = (GemvConfig(32, 32, 1, 4, 2, bit_convert=b) for b in (True, False))
+        bits, *others = (GemvConfig(32, 32, 1, 4, 2, int8_convert=c) for c in CONVERTS)
     else:
-        bits, cast = (GemmConfig(32, 32, 32, 2, 4, 2, bit_convert=b) for b in (True, False))
+        bits, *others = (GemmConfig(32, 32, 32, 2, 4, 2, int8_convert=c) for c in CONVERTS)
     y = run(x, w, scale, config=bits)
     assert_close(y, ref_linear(x, w, scale))
-    assert torch.equal(y, run(x, w, scale, config=cast))
+    for other in others:
+        assert torch.equal(y, run(x, w, scale, config=other))
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's refusal")
+def test_byte_permutes_are_refused_under_the_interpreter():
+    x, w, scale = weights("int8", 1, 32, 64, torch.float16, "permute")
+    with pytest.raises(AssertionError, match="inline PTX: it runs on a GPU"):
+        run(x, w, scale, config=GemvConfig(32, 32, 1, 4, 2, int8_convert="permute"))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -282,7 +292,9 @@ def test_gpu_decoder_use_bit_identical(name, T, fmt):
     assert torch.equal(linear_fused(x, w, scale, pdl=True, **args), fused)
     if scale is not None:
         cfg = rule_config(x, w, scale, swiglu=swiglu, out_dtype=out_dtype)
-        assert torch.equal(linear_fused(x, w, scale, config=dataclasses.replace(cfg, bit_convert=False), **args), fused)
+        for convert in CONVERTS[1:]:
+            other = dataclasses.replace(cfg, int8_convert=convert)
+            assert torch.equal(linear_fused(x, w, scale, config=other, **args), fused)
     xn = x if nw is None else ref_rms_norm(x, nw, EPS)
     expected = ref_linear(xn, w, scale, out_dtype=out_dtype, swiglu=swiglu, residual=r)
     assert rel_err(fused, expected) < (8e-3 if out_dtype == torch.bfloat16 else 4e-3)
