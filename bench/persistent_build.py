@@ -1,7 +1,7 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, x_ahead, item_calls, split_k, tma_weights) compiles the kernel with the
+max_registers, stages, x_ahead, item_calls, split_k, tma_weights, int8_convert) compiles the kernel with the
 specialization a launch gives it (pointers and strides multiples of 16) and prints and records
 (kind ``persistent_build``, machine ``cpu``) what sets its speed before it runs: registers a
 thread, spilled bytes, shared memory, the programs of its grid that fit on a multiprocessor
@@ -24,6 +24,7 @@ from .shapes import model_config
 
 INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
 BOOLS = ("x_ahead", "item_calls", "tma_weights")
+STRINGS = ("block_n", "int8_convert")
 
 
 def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool = False, **options) -> dict:
@@ -39,7 +40,8 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
                      block_k=options.get("block_k", 256), block_n=block_n, split_k=options.get("split_k", 1),
                      kv_int8=kv_int8, k_smooth=kv_int8)
     consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
-                                x_ahead=options.get("x_ahead", False), tma=options.get("tma_weights", False))
+                                x_ahead=options.get("x_ahead", False), tma=options.get("tma_weights", False),
+                                int8_convert=options.get("int8_convert", "bits"))
     compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))
     kernel = P.step_kernel(options.get("item_calls", False))
     names = list(inspect.signature(kernel.fn).parameters)
@@ -70,8 +72,8 @@ def narrow(memory: dict[str, int]) -> dict[str, int]:
 
 def option(text: str) -> tuple[str, object]:
     key, _, value = text.partition("=")
-    if key not in (*INTS, *BOOLS, "block_n") or not value:
-        raise ValueError(f"{text}: expected KEY=VALUE, KEY one of {', '.join((*INTS, *BOOLS, 'block_n'))}")
+    if key not in (*INTS, *BOOLS, *STRINGS) or not value:
+        raise ValueError(f"{text}: expected KEY=VALUE, KEY one of {', '.join((*INTS, *BOOLS, *STRINGS))}")
     return key, int(value) if key in INTS else value.lower() == "true" if key in BOOLS else value
 
 

@@ -45,6 +45,9 @@ class PersistentForward(ForwardPass):
         Option("tma_weights", bool, False, "with stages >= 2: the GEMV items' weight chunks through TMA tensor "
                "descriptors made on the device (bulk copies issued by one thread into the pipeline's stages); "
                "needs weight rows of a multiple of 16 bytes"),
+        Option("int8_convert", str, "bits", "how the GEMV items turn int8 weights into floats (the same values): "
+               "bit patterns, byte permutes (inline PTX: a GPU only), or Triton's cast",
+               choices=("bits", "permute", "cast")),
         Option("item_calls", bool, False, "the work items compiled as functions the kernel calls, not inlined: "
                "each item keeps the registers it needs (inlined, the kernel takes its items' registers together)"),
         Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
@@ -204,7 +207,8 @@ class PersistentForward(ForwardPass):
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
                       causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"],
-                      item_calls=self.options["item_calls"], tma=self.options["tma_weights"])
+                      item_calls=self.options["item_calls"], tma=self.options["tma_weights"],
+                      int8_convert=self.options["int8_convert"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

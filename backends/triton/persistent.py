@@ -39,6 +39,7 @@ import triton.language as tl
 from tileinfer.backends.triton.persistent_items import (attention_inputs_item, attention_item, gemv_item, signal,
                                                         wait_for)
 from tileinfer.backends.triton import persistent_plan as plan_
+from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS
 from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape
 
 # The item kinds and the pointer table's width, as constants of the kernel.
@@ -89,7 +90,7 @@ def _persistent_step_kernel(
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
     STAGES: tl.constexpr, X_AHEAD: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, CONVERT: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -115,7 +116,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
                       HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, TMA=TMA)
+                      STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
@@ -143,7 +144,7 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, -1, tile * BN_O, c + C_ATTN, HKV,
                               H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
                               STAGES, X_AHEAD, SPLIT_O, index // NT_O, split_ptr,
-                              tiles + layer * (NT_O + NT_DOWN) + tile, TMA=TMA)
+                              tiles + layer * (NT_O + NT_DOWN) + tile, TMA=TMA, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
@@ -151,7 +152,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
                       HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, TMA=TMA)
+                      STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
             signal(c + C_ATTN + 2)
         elif kind == DOWN:
             tile = index % NT_DOWN
@@ -159,14 +160,14 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_ATTN + 2,
                               tl.cdiv(INTER, BN_GU), INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
                               DOT_F32, STAGES, X_AHEAD, SPLIT_DOWN, index // NT_DOWN, split_ptr,
-                              tiles + layer * (NT_O + NT_DOWN) + NT_O + tile, TMA=TMA)
+                              tiles + layer * (NT_O + NT_DOWN) + NT_O + tile, TMA=TMA, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_ATTN + 3)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
                       HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, TMA=TMA)
+                      STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
         if TIMELINE:
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
@@ -195,16 +196,19 @@ _step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)
 
 
 def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
-                     timeline: bool = False, stages: int = 1, x_ahead: bool = False, tma: bool = False) -> dict:
+                     timeline: bool = False, stages: int = 1, x_ahead: bool = False, tma: bool = False,
+                     int8_convert: str = "bits") -> dict:
     """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
-    ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles)."""
+    ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles, whose int8 weights take
+    Triton's cast; else ``int8_convert`` of linear_tiles.INT8_CONVERTS)."""
     s = shape
     return dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
                 PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
                 BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
                 BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
-                X_AHEAD=x_ahead, SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1], TMA=tma)
+                X_AHEAD=x_ahead, SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1], TMA=tma,
+                CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert])
 
 
 def compile_options(num_warps: int, max_registers: int) -> dict:
@@ -219,7 +223,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
                            causal: bool = True, stages: int = 1, x_ahead: bool = False, item_calls: bool = False,
-                           tma: bool = False, warmup: bool = False):
+                           tma: bool = False, int8_convert: str = "bits", warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -231,7 +235,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
-    tokens (a block drafter's step). ``stages``, ``x_ahead``, ``tma``: how the GEMV items load their chunks
+    tokens (a block drafter's step). ``stages``, ``x_ahead``, ``tma``, ``int8_convert``: how the GEMV items
+    load and convert their chunks
     (:func:`persistent_items.gemv_item`; the same bits). ``item_calls``: the kernel whose work items
     are calls, not inlined (:func:`_items_as_calls`). ``timeline``: int64 ``[n_items, 3]``, where
     each item's program, start and end (ns of the GPU's global timer) are written (profiling; None:
@@ -251,7 +256,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
             *page_strides, *scale_strides)
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
                                upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
-                               stages=stages, x_ahead=x_ahead, tma=tma), **compile_options(num_warps, max_registers))
+                               stages=stages, x_ahead=x_ahead, tma=tma, int8_convert=int8_convert),
+              **compile_options(num_warps, max_registers))
     kernel = step_kernel(item_calls)
     if warmup:
         return kernel.warmup(*args, grid=(programs,), **kw)

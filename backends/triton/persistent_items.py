@@ -93,7 +93,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
               X_AHEAD: tl.constexpr = False, SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None,
-              TMA: tl.constexpr = False):
+              TMA: tl.constexpr = False, CONVERT: tl.constexpr = 0):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
@@ -105,8 +105,9 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     STAGES stages through shared memory, after the wait. X_AHEAD: each activation chunk loaded an
     iteration ahead too. TMA (with STAGES > 1): the weight chunks through a tensor descriptor made
     on the device (``[N + UP_ROWS, K]``, zero past its ends as the masked loads), so that the
-    pipeline's loads are bulk copies issued by one thread. None of these changes an operation or its
-    order: the same bits. SPLITS > 1 (not
+    pipeline's loads are bulk copies issued by one thread. CONVERT: how int8 weights become floats
+    (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). None of these changes an
+    operation or its order: the same bits. SPLITS > 1 (not
     with SWIGLU): this item sums the ``split``-th of SPLITS equal runs of K chunks into the float32
     scratch ``split_ptr`` (``[SPLITS, 16, N]``) and counts itself in ``tile_counter``; the tile's
     last split adds the partial sums up in split order and runs the epilogue. Returns 1 where this
@@ -150,20 +151,20 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
                 wg = w_desc.load([n0, k0])
             else:
                 wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
-            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, CONVERT, False)
             if SWIGLU:
                 if TMA:
                     wu = w_desc.load([UP_ROWS + n0, k0])
                 else:
                     wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
-                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, CONVERT, False)
         else:  # each chunk's successor loaded before its dot
             next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
-            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, not DOT_F32, False)
+            acc = dot_chunk(x, wg, acc, DOT_F32, INT8, CONVERT, False)
             wg = next_g
             if SWIGLU:
                 next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
-                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, not DOT_F32, False)
+                acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, CONVERT, False)
                 wu = next_u
     at = offs_t[:, None] * N + offs_n[None, :]
     wrote = 1
