@@ -2,6 +2,8 @@
 
     python -m bench kernels paged_attention [--kv bf16,int8] [--contexts 1024,8192,32768]
         [--int8-tiles 32,64] [--repeats N] [--peak-tflops F]
+    python -m bench kernels paged_attention --prefill-prompts 8192,32768 [--prefill-tiles NAMES] [--page-size P]
+    python -m bench kernels paged_attention --build [--prefill-tiles NAMES] [--page-size P]    # no GPU
 
 The shape: 32 q heads, 8 kv heads, D 128, page 64, bf16 q. The INT8 KV figure (decode attention at
 32k with int8 against bf16 pages, bandwidth counted on the int8 bytes): ``--contexts 32768``.
@@ -21,6 +23,16 @@ scale per cached vector and keys smoothed, ``kv_store=paged_int8``):
   --peak-tflops;
 - torch's scaled_dot_product_attention on dense bf16 K/V of the same shapes, as a point of
   comparison.
+With ``--prefill-prompts``, only this: the prefill attention of prompts of those lengths as the
+engine runs them, in chunks of 4,096 tokens (configs/default.yaml's prefill_chunk; chunk ``i`` at
+start ``4,096 i``), bf16 pages, with each prefill tile candidate of --prefill-tiles
+(bench/kernels/paged_attention_build.py's CANDIDATES: the rule, 128-row shapes, TMA, the
+warp-specialized loop; a TMA candidate whose key tile the page size does not divide is skipped): the
+sum of the chunks' kernel times, TFLOP/s over the prompt against --peak-tflops, and each chunk's
+output against the rule's (bit-identical or the max difference; the rule's first chunk against the
+twin). Records: kind ``attention``, phase ``prefill_prompt``. ``--build`` compiles the candidates
+for sm_90 instead (no GPU, nothing timed; kind ``attention_build``, paged_attention_build.py).
+
 Every case is first checked against the reference twin (backends/reference/paged_attention.py, the
 same int8 pages and scales); the max error is printed. ``host_us`` is the wall time per call of
 back-to-back launches (what a step costs without CUDA graphs). The timing floor (a decode over 65
@@ -29,6 +41,7 @@ keys) is printed too. Records: kind ``attention``, ``phase`` decode or prefill.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -36,6 +49,7 @@ import torch
 from .. import records
 from ..timing import copy_bandwidth, graph_seconds, host_seconds
 from . import gpu_visible, integers, name_list
+from .paged_attention_build import CANDIDATES, CHUNK, candidate_tiles, fits
 
 SHAPE = dict(heads=32, kv_heads=8, head_dim=128, page_size=64)  # Qwen3-4B
 CONTEXTS = (1024, 8192, 32768)
@@ -57,6 +71,14 @@ def arguments(p) -> None:
                    help="cached positions of the decode cases (default 1024,8192,32768)")
     p.add_argument("--int8-tiles", type=integers, default=[], help="key tiles (BLOCK_N) to time the int8 kernels "
                    "with, e.g. 32,64 (default: the kernels' own)")
+    p.add_argument("--prefill-prompts", type=integers, default=[], help="only time the chunked prefill attention "
+                   "of prompts of these lengths, e.g. 8192,32768, with each of --prefill-tiles")
+    p.add_argument("--prefill-tiles", type=name_list(CANDIDATES, "prefill tile candidate"), default=list(CANDIDATES),
+                   help=f"prefill tile candidates (default all: {','.join(CANDIDATES)})")
+    p.add_argument("--page-size", type=int, default=64, help="positions per page of --prefill-prompts and --build "
+                   "(default 64, the engine's)")
+    p.add_argument("--build", action="store_true", help="compile the --prefill-tiles candidates for sm_90 and print "
+                   "the compiler's figures (no GPU; nothing timed)")
     records.arguments(p)
 
 
@@ -66,14 +88,14 @@ def kv_bytes(length: int, kv: str) -> int:
     return 2 * length * hkv * (2 * d if kv == "bf16" else d + 4)
 
 
-def make_cache(length: int, t: int, seed: int, kv: str = "bf16"):
+def make_cache(length: int, t: int, seed: int, kv: str = "bf16", page: int = SHAPE["page_size"]):
     """q [t, H, D] bf16 and pages holding [0, length) through a permuted block table: ``(q,
     k_pages, v_pages, block_table, int8 keywords (empty for bf16), dense bf16 K, V)``. Int8 pages
     are written by the reference quantizer, keys smoothed by a random k-norm weight's smoothing."""
     from tileinfer.backends.reference.kv_quant import key_smoothing, write_quantized
     from tileinfer.backends.reference.kv_write import write_pages
 
-    h, hkv, d, page = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"], SHAPE["page_size"]
+    h, hkv, d = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     num_pages = -(-length // page) + 4
     block_table = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
@@ -129,7 +151,7 @@ def with_tile(block_n: int | None):
     saved = P._decode_config, P._prefill_config
     if block_n is not None:
         P._decode_config = lambda *a, **kw: dict(saved[0](*a, **kw), BLOCK_N=block_n)
-        P._prefill_config = lambda *a, **kw: dict(saved[1](*a, **kw), BLOCK_N=block_n)
+        P._prefill_config = lambda *a, **kw: dataclasses.replace(saved[1](*a, **kw), block_n=block_n)
     return saved
 
 
@@ -143,8 +165,11 @@ def kernel_tile(kv: str, block_n: int | None, prefill: bool = False) -> int:
     """The key tile a case runs with."""
     from tileinfer.backends.triton import paged_attention as P
 
-    config = P._prefill_config if prefill else P._decode_config
-    return block_n or config(64, SHAPE["head_dim"], kv == "int8")["BLOCK_N"]
+    if block_n:
+        return block_n
+    if prefill:
+        return P._prefill_config(64, SHAPE["head_dim"], kv == "int8").block_n
+    return P._decode_config(64, SHAPE["head_dim"], kv == "int8")["BLOCK_N"]
 
 
 def decode_rows(args, kv: str, bench, bandwidth: float, scale: float) -> list[dict]:
@@ -218,6 +243,47 @@ def prefill_rows(args, kv: str, bench, scale: float) -> list[dict]:
     return rows
 
 
+def prompt_rows(args, bench, scale: float) -> list[dict]:
+    """The chunked prefill attention of each --prefill-prompts prompt with each --prefill-tiles
+    candidate (the module docstring)."""
+    from tileinfer.backends.triton.paged_attention import paged_prefill_attention
+
+    h, hkv, d = SHAPE["heads"], SHAPE["kv_heads"], SHAPE["head_dim"]
+    rows = []
+    for prompt in args.prefill_prompts:
+        q, k_pages, v_pages, bt, _, _, _ = make_cache(prompt, CHUNK, 11 + prompt, page=args.page_size)
+        chunks = [(start, min(CHUNK, prompt - start)) for start in range(0, prompt, CHUNK)]
+        flops = sum(4 * t * (start + (t + 1) / 2) * h * d for start, t in chunks)
+        rule = [paged_prefill_attention(q[:t], k_pages, v_pages, bt, start, scale) for start, t in chunks]
+        twin_error = max_error(rule[0], q[:chunks[0][1]], k_pages, v_pages, bt, 0, scale, {})
+        for name in args.prefill_tiles:
+            tiles = candidate_tiles(name, CHUNK * h // hkv, d)
+            if not fits(tiles, args.page_size):
+                print(f"   {name:>12} {prompt:6d} | skipped: TMA tiles of {tiles.block_n} keys, pages of "
+                      f"{args.page_size}", flush=True)
+                continue
+            chunk_us, diff, same = [], 0.0, True
+            for (start, t), expected in zip(chunks, rule):
+                out = torch.empty_like(q[:t])
+                fn = lambda: paged_prefill_attention(q[:t], k_pages, v_pages, bt, start, scale, out=out,  # noqa: E731
+                                                     tiles=tiles)
+                fn()
+                same = same and torch.equal(out, expected)
+                diff = max(diff, (out.float() - expected.float()).abs().max().item())
+                chunk_us.append(bench(fn) * 1e6)
+            seconds = sum(chunk_us) / 1e6
+            row = dict(kv="bf16", prompt=prompt, chunk=CHUNK, page_size=args.page_size, tiles=name,
+                       config=dataclasses.asdict(tiles), kernel_us=sum(chunk_us), chunk_us=chunk_us, flops=flops,
+                       tflops=flops / seconds / 1e12, fraction_of_peak=flops / seconds / 1e12 / args.peak_tflops,
+                       bit_identical_to_rule=same, max_diff_vs_rule=diff, rule_twin_error=twin_error)
+            rows.append(row)
+            print(f"   {name:>12} {prompt:6d} | {row['kernel_us']:10.1f} {row['tflops']:8.1f} "
+                  f"{row['fraction_of_peak']:8.1%} | {'same bits' if same else f'max diff {diff:.2e}'}", flush=True)
+        del q, k_pages, v_pages, rule
+        torch.cuda.empty_cache()
+    return rows
+
+
 def speedups(decode: list[dict]) -> list[dict]:
     """int8 against bf16 pages at the default splits, per (context, T) and int8 key tile."""
     bf16 = {(r["context"], r["new_tokens"]): r for r in decode if r["kv"] == "bf16" and r["default_splits"]}
@@ -232,6 +298,10 @@ def speedups(decode: list[dict]) -> list[dict]:
 
 
 def main(args) -> int:
+    if args.build:
+        from .paged_attention_build import build_main
+
+        return build_main(args.prefill_tiles, args.page_size, args.commit, args.records)
     if not gpu_visible("paged_attention"):
         return 2
     from tileinfer.backends.triton.paged_attention import paged_decode_attention
@@ -250,6 +320,15 @@ def main(args) -> int:
     floor_s = bench(lambda: paged_decode_attention(q, k_pages, v_pages, bt, 64, scale, positions=positions,
                                                    num_splits=2))
     print(f"timing floor (decode over 65 keys, 2 splits, graph replay): {floor_s * 1e6:.1f} us")
+    run = records.Run("cuda", commit=args.commit, path=args.records)
+    common = dict(shape="Qwen3-4B", copy_bandwidth_tb_s=bandwidth / 1e12, timing_floor_us=floor_s * 1e6)
+    if args.prefill_prompts:
+        print(f"\nprefill prompts in chunks of {CHUNK}, pages of {args.page_size}: tiles  prompt |  kernel us  "
+              f"TFLOP/s  of peak | against the rule")
+        for row in prompt_rows(args, bench, scale):
+            run.add("attention", phase="prefill_prompt", **common, **row)
+        print(f"\n{time.perf_counter() - t_start:.0f} s; appended {len(run.records)} records to {run.path}")
+        return 0
     print("\ndecode: kv tile context  T  splits |  kernel us  host us | KV GB/s  of copy bw | sdpa us | max err")
     decode = [row for kv in args.kv for row in decode_rows(args, kv, bench, bandwidth, scale)]
     print("        (* = decode_splits default; KV bytes as stored: int8 counts 1 byte + a 4-byte scale per vector)")
@@ -259,8 +338,6 @@ def main(args) -> int:
               f"({r['speedup']:.2f}x), {r['int8_fraction_of_copy']:.1%} of the copy bandwidth on the int8 bytes")
     print("\nprefill: kv tile    T  start |  kernel us  TFLOP/s  of peak | sdpa us  TFLOP/s | max err")
     prefill = [row for kv in args.kv for row in prefill_rows(args, kv, bench, scale)]
-    run = records.Run("cuda", commit=args.commit, path=args.records)
-    common = dict(shape="Qwen3-4B", copy_bandwidth_tb_s=bandwidth / 1e12, timing_floor_us=floor_s * 1e6)
     for phase, rows in (("decode", decode), ("prefill", prefill)):
         for row in rows:
             run.add("attention", phase=phase, **common, **row)
@@ -287,9 +364,17 @@ def tables() -> list:
                 for r in sorted(rows, key=lambda r: (r["kv"], r["start"], r["block_n"]))]
         return markdown(["pages", "key tile", "T", "after", "us", "TFLOP/s", "SDPA us", "SDPA TFLOP/s"], body)
 
+    def prompts(rows: list[dict]) -> str:
+        body = [[str(r["prompt"]), str(r["page_size"]), r["tiles"], f"{r['kernel_us'] / 1e3:.2f}", f"{r['tflops']:.0f}",
+                 "yes" if r["bit_identical_to_rule"] else f"no (max diff {r['max_diff_vs_rule']:.1e})"]
+                for r in sorted(rows, key=lambda r: (r["prompt"], r["page_size"], r["kernel_us"]))]
+        return markdown(["prompt", "page", "tiles", "attention ms", "TFLOP/s", "same bits as the rule"], body)
+
     # Records with ``prefetch`` true time an int8 decode loop the kernel does not have (a measured
     # loss, docs/performance-log.md).
     return [Table("attention", "{group}: paged decode attention", decode, group=lambda r: r["shape"],
                   select=lambda r: r["phase"] == "decode" and not r.get("prefetch")),
             Table("attention", "{group}: paged prefill attention", prefill, group=lambda r: r["shape"],
-                  select=lambda r: r["phase"] == "prefill")]
+                  select=lambda r: r["phase"] == "prefill"),
+            Table("attention", "{group}: prefill attention of a prompt in 4,096-token chunks, by tile candidate",
+                  prompts, group=lambda r: r["shape"], select=lambda r: r["phase"] == "prefill_prompt")]

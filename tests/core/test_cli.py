@@ -62,7 +62,8 @@ def test_plugins_lists_every_interface_with_its_provider(capsys):
     assert options["fuse_epilogue"] == {"name": "fuse_epilogue", "type": "bool", "default": True, "choices": [],
                                         "minimum": None, "help": options["fuse_epilogue"]["help"]}
     assert options["matmul"]["choices"] == ["triton", "torch"] and options["matmul"]["default"] == "triton"
-    assert {o["name"] for o in found[("attention", "triton")]["options"]} == {"fuse_inputs", "attend", "pdl"}
+    assert {o["name"] for o in found[("attention", "triton")]["options"]} == {
+        "fuse_inputs", "attend", "pdl", "prefill_tiles", "prefill_tma", "prefill_warp_specialize"}
     assert found[("linear", "triton")]["auto"] == ["cuda"] and found[("linear", "reference")]["auto"] == ["cpu", "cuda"]
 
 
