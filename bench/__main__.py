@@ -30,7 +30,7 @@ COMMANDS = {
                      "(registers, cp.async, TMA, warp-specialized)"),
     "defaults": ("quality", "defaults_", "which sampling defaults keep the shipped model from looping"),
     "check": ("gpu", "check_", "one GPU call of measurements beside the matrix: steps, gemv, gemm, spec, ttft, "
-              "persistent, stream"),
+              "persistent, int8, stream, attention"),
     "compare": ("gpu", "compare_", "the default config of two commits, alternating, in one GPU call"),
     "gpu-tests": ("gpu", "tests_", "the GPU-marked tests over several processes"),
     "report": ("report", "", "docs/performance.md (and charts) from the records, each table of one commit"),

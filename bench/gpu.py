@@ -53,6 +53,9 @@ CHECKS = {
                           "+options.persistent.max_registers=128+options.persistent.programs_per_sm=4",
                           "--variant", "persistent+options.persistent.split_k=3",
                           "--variant", "persistent+options.persistent.timeline=true", "--tokens", "1,16"])],
+    "int8": [(300, ["steps", "--variant", "default", "--variant", "int8",
+                    "--variant", "int8+options.triton.int8_convert=permute",
+                    "--variant", "int8+options.triton.int8_convert=cast", "--tokens", "1,16"])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
                (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
@@ -63,7 +66,8 @@ CHECKS = {
                   (180, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--page-size", "128",
                          "--prefill-tiles", "rule,128x128,128x128+tma,ws128x128", "--repeats", "20"])],
 }
-MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "stream": 8, "attention": 7}
+MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 6, "stream": 8,
+           "attention": 7}
 
 
 def run_steps(steps: list[tuple[float, list[str]]], budget: float, extra: list[str], env: dict | None = None,

@@ -14,6 +14,8 @@ measured against.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from tileinfer.backends.reference.linear import linear as torch_linear
@@ -39,11 +41,17 @@ class TritonLinear(Linear):
         Option("matmul", str, "triton", "triton: the Triton GEMV/GEMM; torch: torch's matmul (cuBLAS) between "
                "the Triton RMSNorm, SwiGLU and add kernels (needs fuse_epilogue=false)", choices=("triton", "torch")),
         PDL,
+        Option("int8_convert", str, "bits", "how the GEMV/GEMM turn int8 weights into floats (the same values): "
+               "bit patterns, byte permutes (inline PTX: a CUDA GPU only), or Triton's cast",
+               choices=("bits", "permute", "cast")),
     )
 
     @classmethod
     def incompatibilities(cls, run: RunSpec) -> list[str]:
         reasons = super().incompatibilities(run) + device_reasons("linear", run.device)
+        if run.options["int8_convert"] == "permute" and run.device.type != "cuda":
+            reasons.append(f"options.triton.int8_convert=permute is inline PTX: it needs a CUDA GPU, and device is "
+                           f"{run.device.type}")
         if run.options["matmul"] == "torch" and run.options["fuse_epilogue"]:
             reasons.append("options.triton.matmul=torch runs the SwiGLU and residual add as kernels of their own: "
                            "set options.triton.fuse_epilogue=false")
@@ -57,6 +65,14 @@ class TritonLinear(Linear):
         self.pdl = self.options["pdl"] and pdl_supported(weight.device)
         self.counters = layer_counters(self.weight, self.scale)  # the GEMVs' split-K counters, 0 between launches
 
+    def _config(self, x: torch.Tensor, swiglu: bool):
+        """The rule's tiles with ``options.triton.int8_convert`` for int8 weights; None (the rule's own
+        choice, made by ``linear``) otherwise."""
+        if self.scale is None or self.options["int8_convert"] == "bits":
+            return None
+        cfg = rule_config(x, self.weight, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
+        return dataclasses.replace(cfg, int8_convert=self.options["int8_convert"])
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         o, swiglu = self.options, self.epilogue == "swiglu"
         if self.norm is not None:
@@ -65,9 +81,10 @@ class TritonLinear(Linear):
             y = torch_linear(x, self.weight, self.scale, out_dtype=self.out_dtype)
         elif o["fuse_epilogue"]:
             return linear(x, self.weight, self.scale, out_dtype=self.out_dtype, swiglu=swiglu, residual=residual,
-                          pdl=self.pdl, counters=self.counters)
+                          pdl=self.pdl, counters=self.counters, config=self._config(x, swiglu))
         else:  # the fused call's tiles, so that the chain below gives its bits
-            config = rule_config(x, self.weight, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
+            config = self._config(x, swiglu) or rule_config(x, self.weight, self.scale, swiglu=swiglu,
+                                                            out_dtype=self.out_dtype)
             y = linear(x, self.weight, self.scale, out_dtype=self.out_dtype, config=config, pdl=self.pdl,
                        counters=self.counters)
         if swiglu:
