@@ -53,9 +53,13 @@ CHECKS = {
                           "+options.persistent.max_registers=128+options.persistent.programs_per_sm=4",
                           "--variant", "persistent+options.persistent.split_k=3",
                           "--variant", "persistent+options.persistent.timeline=true", "--tokens", "1,16"])],
-    "int8": [(300, ["steps", "--variant", "default", "--variant", "int8",
+    "int8": [(280, ["steps", "--variant", "default", "--variant", "int8",
                     "--variant", "int8+options.triton.int8_convert=permute",
-                    "--variant", "int8+options.triton.int8_convert=cast", "--tokens", "1,16"])],
+                    "--variant", "int8+options.triton.int8_convert=cast", "--tokens", "1,16"]),
+             (240, ["steps", "--variant", "default", "--variant", "int8-kv",
+                    "--variant", "int8-kv+options.triton.int8_keep_layout=true", "--variant", "int8-int8-kv",
+                    "--variant", "int8-int8-kv+options.triton.int8_keep_layout=true", "--contexts", "32768",
+                    "--tokens", "1,16"])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
                (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
@@ -66,7 +70,7 @@ CHECKS = {
                   (180, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--page-size", "128",
                          "--prefill-tiles", "rule,128x128,128x128+tma,ws128x128", "--repeats", "20"])],
 }
-MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 6, "stream": 8,
+MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
            "attention": 7}
 
 
