@@ -120,6 +120,8 @@ def option(text: str) -> tuple[str, object]:
         if value.lower() not in ("true", "false"):
             raise ValueError(f"{text}: {key} takes true or false")
         return key, value.lower() == "true"
+    if fields[key] in (str, "str"):
+        return key, value
     return key, int(value)
 
 
