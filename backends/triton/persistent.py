@@ -189,7 +189,9 @@ def _items_as_calls(kernel):
     names = dict(fn.__globals__)
     for item in (gemv_item, attention_inputs_item, attention_item):
         names[item.fn.__name__] = triton.jit(item.fn, noinline=True)
-    return triton.jit(types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__))
+    calling = types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__)
+    calling.__annotations__ = fn.__annotations__  # the tl.constexpr marks, which the launch specializes on
+    return triton.jit(calling)
 
 
 _step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)

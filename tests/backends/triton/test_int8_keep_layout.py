@@ -1,9 +1,10 @@
 """The int8 decode attention with ``int8_keep_layout`` (each int8 K/V tile converted in the layout
 it is loaded in, then moved to the MMA operand as 16-bit values; ``keep_layout`` of
-paged_attention_tiles.py): the same bits as without, on the interpreter (where the move is no
-instruction) and on the GPU at Qwen3-4B's attention shape; and as sm_90 builds the 1-token decode
-kernel, no shared-memory load of a single byte in its key loop and fewer instructions there (the
-int8 tile read a byte at a time is what the option removes)."""
+paged_attention_tiles.py): against the twin within the int8 kernels' bound, at the CPU cases and on
+the GPU at Qwen3-4B's attention shape (on the interpreter, where the move is no instruction, the
+same bits as without; compiled, not: an H100 gave other last bits at 1-token steps); and as sm_90
+builds the 1-token decode kernel, no shared-memory load of a single byte in its key loop and fewer
+instructions there (the int8 tile read a byte at a time is what the option removes)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 from tileinfer.backends.triton.paged_attention import paged_decode_attention
 
 from ..kernel_checks import BF16, DEVICE, F16, compiled_results, poisoned
-from .test_paged_attention_int8 import make_int8_case
+from .test_paged_attention_int8 import make_int8_case, run_int8_case
 
 CASES = [(1, 100, 4, 64, 16, 3, F16), (7, 380, 2, 128, 64, 3, F16)]
 if DEVICE == "cuda":
@@ -24,10 +25,16 @@ if DEVICE == "cuda":
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_kept_layout_gives_the_same_bits(case):
+def test_the_kept_layout_matches_the_twin(case):
     t, start, group, head_dim, page_size, splits, dtype = case
-    q, k_pages, v_pages, block_table, int8 = make_int8_case(11, t, start, group, head_dim, page_size, dtype,
-                                                            kv_heads=8 if DEVICE == "cuda" else 2)
+    run_int8_case(paged_decode_attention, 12, t, start, group, head_dim, page_size, dtype,
+                  kv_heads=8 if DEVICE == "cuda" else 2, num_splits=splits, int8_keep_layout=True)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="compiled, the last bits may differ (see the module docstring)")
+def test_on_the_interpreter_the_kept_layout_gives_the_same_bits():
+    t, start, group, head_dim, page_size, splits, dtype = CASES[0]
+    q, k_pages, v_pages, block_table, int8 = make_int8_case(11, t, start, group, head_dim, page_size, dtype)
     outs = []
     for keep in (False, True):
         out = poisoned(q.shape, q.dtype)

@@ -94,3 +94,15 @@ def test_resident_programs_counts_what_an_sm_allocates(regs, warps, shared, fit)
     compiled = SimpleNamespace(_init_handles=lambda: None, n_regs=regs,
                                metadata=SimpleNamespace(num_warps=warps, shared=shared))
     assert resident_programs(compiled, 132, 228 * 1024) == fit
+
+
+def test_the_kernel_calling_its_items_specializes_the_same_constants():
+    """The item-calls build (``item_calls``) is the same source re-jitted: it must mark the same
+    ``tl.constexpr`` parameters, or a launch passes its strings and flags as run-time arguments
+    (which the interpreter accepts and a GPU launch refuses)."""
+    from tileinfer.backends.triton.persistent import step_kernel
+
+    inline, calls = step_kernel(False).fn, step_kernel(True).fn
+    assert calls is not inline and calls.__code__ is inline.__code__
+    marks = {name: kind for name, kind in calls.__annotations__.items() if "constexpr" in str(kind)}
+    assert calls.__annotations__ == inline.__annotations__ and len(marks) > 20
