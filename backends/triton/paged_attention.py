@@ -228,8 +228,8 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     ``pdl``: launch the split kernel and the combine with programmatic dependent launch where
     supported; same bits. ``k_scale``, ``v_scale``, ``k_smooth``: INT8 pages, as for
     :func:`paged_prefill_attention`; ``int8_keep_layout``: each int8 tile converted in the layout it
-    is loaded in, then moved to the MMA's as 16-bit values (paged_attention_tiles.keep_layout; same
-    bits).
+    is loaded in, then moved to the MMA's as 16-bit values (paged_attention_tiles.keep_layout; within
+    the twin's bound, not bit for bit with the plain build once compiled).
     """
     quant = int8_pages(k_scale, v_scale, k_smooth)
     t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out, quant)

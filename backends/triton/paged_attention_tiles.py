@@ -241,7 +241,8 @@ def attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr
     the value scales multiply ``P`` before its rounding to q's dtype for the second ``tl.dot``; no
     dequantized copy of the cache, no score matrix beyond the ``[BLOCK_M, BLOCK_N]`` tile. The
     block-table entry of the next tile is read one iteration ahead, as in :func:`attend_tiles`.
-    KEEP_LAYOUT: each tile converted in the layout it is loaded in (:func:`keep_layout`; the same bits)."""
+    KEEP_LAYOUT: each tile converted in the layout it is loaded in (:func:`keep_layout`; the same values
+    into the dots, compiled code that rounds the softmax's last bits otherwise)."""
     k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, lo, hi, stride_kp, stride_ks, stride_vp, stride_vs,
                                              stride_sp, BLOCK_N, PAGE_SIZE)
     for n0 in tl.range(lo, hi, BLOCK_N):

@@ -107,7 +107,8 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     on the device (``[N + UP_ROWS, K]``, zero past its ends as the masked loads), so that the
     pipeline's loads are bulk copies issued by one thread. CONVERT: how int8 weights become floats
     (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). None of these changes an
-    operation or its order: the same bits. SPLITS > 1 (not
+    operation or its order (the same bits with BF16 weights on an H100; with INT8 weights the
+    pipelined builds gave other last bits at the Qwen3-0.6B shape, cause not found). SPLITS > 1 (not
     with SWIGLU): this item sums the ``split``-th of SPLITS equal runs of K chunks into the float32
     scratch ``split_ptr`` (``[SPLITS, 16, N]``) and counts itself in ``tile_counter``; the tile's
     last split adds the partial sums up in split order and runs the epilogue. Returns 1 where this

@@ -80,7 +80,7 @@ class TritonAttention(Attention):
                "one q head; implies prefill_tma)"),
         Option("int8_keep_layout", bool, False, "over int8 pages, the decode attention converts each tile in the "
                "layout it is loaded in and moves it to the tensor cores' as 16-bit values (not the int8 tile a byte "
-               "at a time); same bits; not yet timed"),
+               "at a time); agrees with the twin, not bit for bit with the plain build; not yet timed"),
     )
 
     @classmethod
