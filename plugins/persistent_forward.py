@@ -66,6 +66,9 @@ class PersistentForward(ForwardPass):
             reasons.append(f"options.persistent.block_n={o['block_n']!r}: five powers of two >= 16, comma-separated")
         if o["block_k"] & (o["block_k"] - 1):
             reasons.append(f"options.persistent.block_k={o['block_k']}: a power of two")
+        elif len(sizes) == 5 and sizes[2] > o["block_k"]:
+            reasons.append(f"options.persistent.block_n: gate_up's {sizes[2]} columns exceed block_k={o['block_k']} "
+                           "(a gate_up tile must lie in one K run of the down tiles)")
         if o["chunk"] % 64:
             reasons.append(f"options.persistent.chunk={o['chunk']}: a multiple of 64")
         if o["num_warps"] not in (4, 8):

@@ -94,8 +94,13 @@ def _persistent_step_kernel(
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
-    CPL: tl.constexpr = 5 + 2 * HKV
     C_ATTN: tl.constexpr = 1 + 2 * HKV
+    C_GU: tl.constexpr = C_ATTN + 2  # one gate_up counter per K run of the down tiles (what each run reads)
+    C_DOWN: tl.constexpr = C_GU + SPLIT_DOWN
+    CPL: tl.constexpr = C_DOWN + 1
+    # the K run of a down tile (gemv_item's) and the gate_up tiles of each run
+    K_RUN_DOWN: tl.constexpr = (((INTER + BLOCK_K - 1) // BLOCK_K + SPLIT_DOWN - 1) // SPLIT_DOWN) * BLOCK_K
+    tl.static_assert(K_RUN_DOWN % BN_GU == 0, "a gate_up tile lies in one K run of the down tiles")
     act_ty = h_ptr.dtype.element_ty
     w_ty = w_example_ptr.dtype.element_ty
     NT_O: tl.constexpr = (HIDDEN + BN_O - 1) // BN_O
@@ -111,7 +116,7 @@ def _persistent_step_kernel(
         capture = tl.load(items_ptr + i * 4 + 3)
         c = counters_ptr + layer * CPL  # this layer's counters; then every layer's split tiles' counters
         if kind == QKV:
-            prev = counters_ptr + tl.maximum(layer - 1, 0) * CPL + C_ATTN + 3  # the layer before's down
+            prev = counters_ptr + tl.maximum(layer - 1, 0) * CPL + C_DOWN  # the layer before's down
             gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 0, w_ty), _ptr(layer_ptrs, layer, 1, tl.float32),
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
@@ -153,19 +158,22 @@ def _persistent_step_kernel(
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
                       HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
                       STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
-            signal(c + C_ATTN + 2)
+            signal(c + C_GU + index * BN_GU // K_RUN_DOWN)
         elif kind == DOWN:
             tile = index % NT_DOWN
+            run = index // NT_DOWN  # waits for the gate_up tiles of its K run only
+            per_run: tl.constexpr = K_RUN_DOWN // BN_GU
+            run_tiles = tl.minimum((run + 1) * per_run, tl.cdiv(INTER, BN_GU)) - run * per_run
             wrote = gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
-                              h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_ATTN + 2,
-                              tl.cdiv(INTER, BN_GU), INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
+                              h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_GU + run,
+                              run_tiles, INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
                               DOT_F32, STAGES, X_AHEAD, SPLIT_DOWN, index // NT_DOWN, split_ptr,
                               tiles + layer * (NT_O + NT_DOWN) + NT_O + tile, TMA=TMA, CONVERT=CONVERT)
             if wrote != 0:
-                signal(c + C_ATTN + 3)
+                signal(c + C_DOWN)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
-                      c + C_ATTN + 3, tl.cdiv(HIDDEN, BN_DOWN),
+                      c + C_DOWN, tl.cdiv(HIDDEN, BN_DOWN),
                       HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
                       STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
         if TIMELINE:

@@ -67,11 +67,11 @@ class StepShape:
 
     @property
     def num_counters(self) -> int:
-        """Per layer: qkv, attention inputs and splits per kv head, attention, o_proj, gate_up,
-        down; then per layer the runs finished of each o_proj and down tile; then the count of
-        finished programs."""
+        """Per layer: qkv, attention inputs and splits per kv head, attention, o_proj, gate_up (one
+        per K run of the down tiles: the gate_up tiles each run reads), down; then per layer the
+        runs finished of each o_proj and down tile; then the count of finished programs."""
         _, n_o, _, n_down, _ = self.tiles()
-        return self.layers * (5 + 2 * self.kv_heads) + self.layers * (n_o + n_down) + 1
+        return self.layers * (4 + 2 * self.kv_heads + self.k_splits()[1]) + self.layers * (n_o + n_down) + 1
 
 
 @dataclass

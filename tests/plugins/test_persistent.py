@@ -234,7 +234,9 @@ def test_a_stack_that_is_not_qwen3_is_named(case, caplog):
                                         ({"block_n": "64,64,48,64,64"}, "five powers of two"),
                                         ({"block_k": 96}, "block_k=96"), ({"chunk": 96}, "chunk=96"),
                                         ({"num_warps": 6}, "num_warps=6: 4 or 8"),
-                                        ({"tma_weights": "true"}, "tma_weights needs stages >= 2")])
+                                        ({"tma_weights": "true"}, "tma_weights needs stages >= 2"),
+                                        ({"block_n": "64,64,128,64,64", "block_k": 64},
+                                         "gate_up's 128 columns exceed block_k=64")])
 def test_bad_options_are_refused_at_load(checkpoint_factory, bad, words):
     overrides = ["forward=persistent", *(f"options.persistent.{k}={v}" for k, v in bad.items())]
     with pytest.raises(ConfigError, match=words):
