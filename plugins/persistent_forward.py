@@ -38,6 +38,8 @@ class PersistentForward(ForwardPass):
                "multiprocessor", minimum=0),
         Option("split_k", int, 1, "K runs of each o_proj and down tile, their partial sums added by the tile's last "
                "run in run order (more items, each shorter: the stages with the fewest tiles)", minimum=1),
+        Option("split_gate_up", int, 1, "K runs of each gate_up tile (its gate and up sums added by the tile's last "
+               "run, in run order): more, shorter items in the stage with the most tiles", minimum=1),
         Option("stages", int, 1, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
@@ -131,7 +133,7 @@ class PersistentForward(ForwardPass):
         return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                          intermediate=c.intermediate_size, vocab=model.lm_head.out_features, layers=c.num_layers,
                          page_size=0, num_splits=splits, chunk=o["chunk"], block_k=o["block_k"], block_n=block_n,
-                         split_k=o["split_k"])
+                         split_k=o["split_k"], split_gate_up=o["split_gate_up"])
 
     def _note(self, reason: str | None) -> None:
         if reason is not None and reason not in self._noticed:

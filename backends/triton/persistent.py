@@ -17,7 +17,8 @@ on the host by :class:`StepPlan`): per layer the qkv GEMV tiles (input RMSNorm i
 prologue), one attention-input item per kv head (q/k RMSNorm, RoPE, the K/V page write),
 ``NUM_SPLITS`` attention items per kv head (the last one combines), the o_proj tiles (+ residual),
 the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual; o_proj and down tiles
-in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, the last run of a tile adding the runs' sums); then the lm_head
+in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, gate_up tiles in ``SPLIT_GU``, the last run of a tile adding the
+runs' sums; a down run waits for the gate_up tiles of its K range only); then the lm_head
 tiles (final RMSNorm, float32 logits). Program ``p`` takes items ``p, p + programs, ...`` in
 order; an item waits on the int32 counter its inputs increment (persistent_items.py), never on a
 kernel boundary, and loads its first weight chunk before it waits. Every GEMV tile is
@@ -90,6 +91,7 @@ def _persistent_step_kernel(
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
     STAGES: tl.constexpr, X_AHEAD: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
+    SPLIT_GU: tl.constexpr,
     TMA: tl.constexpr, CONVERT: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
@@ -105,7 +107,9 @@ def _persistent_step_kernel(
     w_ty = w_example_ptr.dtype.element_ty
     NT_O: tl.constexpr = (HIDDEN + BN_O - 1) // BN_O
     NT_DOWN: tl.constexpr = (HIDDEN + BN_DOWN - 1) // BN_DOWN
-    tiles = counters_ptr + (n_counters - 1) // (CPL + NT_O + NT_DOWN) * CPL  # after the layers' own counters
+    NT_GU: tl.constexpr = (INTER + BN_GU - 1) // BN_GU
+    NT_RUNS: tl.constexpr = NT_O + NT_GU + NT_DOWN  # a layer's tile counters of the K runs
+    tiles = counters_ptr + (n_counters - 1) // (CPL + NT_RUNS) * CPL  # after the layers' own counters
     n_programs = tl.num_programs(0)
     for i in range(tl.program_id(0), n_items, n_programs):
         if TIMELINE:
@@ -149,16 +153,19 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, -1, tile * BN_O, c + C_ATTN, HKV,
                               H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
                               STAGES, X_AHEAD, SPLIT_O, index // NT_O, split_ptr,
-                              tiles + layer * (NT_O + NT_DOWN) + tile, TMA=TMA, CONVERT=CONVERT)
+                              tiles + layer * NT_RUNS + tile, TMA=TMA, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
-            gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
-                      _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
-                      c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
-                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
-            signal(c + C_GU + index * BN_GU // K_RUN_DOWN)
+            tile = index % NT_GU
+            wrote = gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
+                              _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, tile * BN_GU,
+                              c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
+                              HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
+                              STAGES, X_AHEAD, SPLIT_GU, index // NT_GU, split_ptr,
+                              tiles + layer * NT_RUNS + NT_O + tile, TMA=TMA, CONVERT=CONVERT)
+            if wrote != 0:
+                signal(c + C_GU + tile * BN_GU // K_RUN_DOWN)
         elif kind == DOWN:
             tile = index % NT_DOWN
             run = index // NT_DOWN  # waits for the gate_up tiles of its K run only
@@ -168,7 +175,7 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_GU + run,
                               run_tiles, INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
                               DOT_F32, STAGES, X_AHEAD, SPLIT_DOWN, index // NT_DOWN, split_ptr,
-                              tiles + layer * (NT_O + NT_DOWN) + NT_O + tile, TMA=TMA, CONVERT=CONVERT)
+                              tiles + layer * NT_RUNS + NT_O + NT_GU + tile, TMA=TMA, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_DOWN)
         else:  # LM_HEAD after the last layer
@@ -217,7 +224,8 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
                 BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
-                X_AHEAD=x_ahead, SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1], TMA=tma,
+                X_AHEAD=x_ahead, SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
+                SPLIT_GU=s.gate_up_splits, TMA=tma,
                 CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert])
 
 

@@ -108,10 +108,11 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     pipeline's loads are bulk copies issued by one thread. CONVERT: how int8 weights become floats
     (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). None of these changes an
     operation or its order (the same bits with BF16 weights on an H100; with INT8 weights the
-    pipelined builds gave other last bits at the Qwen3-0.6B shape, cause not found). SPLITS > 1 (not
-    with SWIGLU): this item sums the ``split``-th of SPLITS equal runs of K chunks into the float32
-    scratch ``split_ptr`` (``[SPLITS, 16, N]``) and counts itself in ``tile_counter``; the tile's
-    last split adds the partial sums up in split order and runs the epilogue. Returns 1 where this
+    pipelined builds gave other last bits at the Qwen3-0.6B shape, cause not found). SPLITS > 1: this
+    item sums the ``split``-th of SPLITS equal runs of K chunks into the float32 scratch
+    ``split_ptr`` (``[SPLITS, 16, N]``, then the up sums' ``[SPLITS, 16, N]`` with SWIGLU) and
+    counts itself in ``tile_counter``; the tile's last split adds the partial sums up in split order
+    and runs the epilogue. Returns 1 where this
     item wrote the output (always with SPLITS 1), else 0."""
     act_ty = x_ptr.dtype.element_ty
     offs_t = tl.arange(0, BLOCK_T)
@@ -170,15 +171,20 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     at = offs_t[:, None] * N + offs_n[None, :]
     wrote = 1
     if SPLITS > 1:
-        tl.static_assert(not SWIGLU, "split K runs are for the plain and residual GEMVs")
         tl.store(split_ptr + split * (BLOCK_T * N) + at, acc, mask=n_ok[None, :])
+        if SWIGLU:  # the up sums after every run's gate sums
+            tl.store(split_ptr + (SPLITS + split) * (BLOCK_T * N) + at, acc_u, mask=n_ok[None, :])
         tl.debug_barrier()
         wrote = (tl.atomic_add(tile_counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1).to(tl.int32)
         if wrote != 0:  # the tile's last split: the partial sums in split order
             acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+            acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
             for j in range(SPLITS):
                 acc += tl.load(split_ptr + j * (BLOCK_T * N) + at, mask=n_ok[None, :], other=0.0,
                                cache_modifier=".cg")
+                if SWIGLU:
+                    acc_u += tl.load(split_ptr + (SPLITS + j) * (BLOCK_T * N) + at, mask=n_ok[None, :], other=0.0,
+                                     cache_modifier=".cg")
     if wrote != 0:
         out_ty = y_ptr.dtype.element_ty
         if INT8:

@@ -130,6 +130,25 @@ def test_split_k_runs_match_the_per_op_step_and_keep_rows_batch_invariant(case):
     assert torch.equal(alone[0], together[0]) and not bufs.counters.any()
 
 
+def test_gate_up_runs_match_the_per_op_step_and_keep_rows_batch_invariant(case):
+    """gate_up tiles in K runs (their gate and up partial sums added in run order by the tile's
+    last run, then the SwiGLU), with the down tiles in runs that wait for their own gate_up range:
+    the per-op step's logits, and a token's row the same bits alone or in a step of several."""
+    split = PersistentForward(case.model, options={**OPTIONS, "split_gate_up": 2, "split_k": 2})
+    assert split.shape.gate_up_splits == 2 and split.shape.k_splits() == (2, 2)
+    case.restore()
+    ref, _ = case.step(case.per_op, CONTEXT, 3)
+    case.restore()
+    _, bufs = split._bind(case.kv)
+    bufs.poison()
+    together, _ = case.step(split, CONTEXT, 3)
+    torch.testing.assert_close(together, ref, **TOL)
+    together = together.clone()
+    case.restore()
+    alone, _ = case.step(split, CONTEXT, 1)
+    assert torch.equal(alone[0], together[0]) and not bufs.counters.any()
+
+
 def test_last_only_and_no_logits(case):
     ref, _ = case.step(case.per_op, CONTEXT, 2, last_only=True)
     case.restore()
