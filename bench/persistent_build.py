@@ -1,7 +1,7 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, x_ahead, item_calls, split_k, split_gate_up, tma_weights, int8_convert)
+max_registers, stages, x_ahead, item_calls, split_k, int8_convert)
 compiles the kernel with the specialization a launch gives it (pointers and strides multiples of
 16) and prints and records
 (kind ``persistent_build``, machine ``cpu``) what sets its speed before it runs: registers a
@@ -23,8 +23,8 @@ import re
 from . import records, sm90_build
 from .shapes import model_config
 
-INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k", "split_gate_up")
-BOOLS = ("x_ahead", "item_calls", "tma_weights")
+INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
+BOOLS = ("x_ahead", "item_calls")
 STRINGS = ("block_n", "int8_convert")
 
 
@@ -39,10 +39,9 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
                      intermediate=mc.intermediate_size, vocab=mc.vocab_size, layers=mc.num_layers, page_size=64,
                      num_splits=options.get("num_splits", 16), chunk=options.get("chunk", 128),
                      block_k=options.get("block_k", 256), block_n=block_n, split_k=options.get("split_k", 1),
-                     split_gate_up=options.get("split_gate_up", 1),
                      kv_int8=kv_int8, k_smooth=kv_int8)
     consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
-                                x_ahead=options.get("x_ahead", False), tma=options.get("tma_weights", False),
+                                x_ahead=options.get("x_ahead", False),
                                 int8_convert=options.get("int8_convert", "bits"))
     compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))
     kernel = P.step_kernel(options.get("item_calls", False))

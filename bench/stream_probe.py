@@ -13,7 +13,7 @@ each weight, on a grid of ``programs_per_sm`` x the SMs (the most that fit where
 - ``pipeline``: 16-column tiles through the compiler's pipeline of ``--stages`` stages (cp.async
   into shared memory; the step's ``stages``);
 - ``tma``: as ``pipeline``, the weight chunks through tensor descriptors made on the device (one
-  thread's bulk copies; the step's ``tma_weights``);
+  thread's bulk copies);
 - ``tma_t``: 64-row weight tiles computed transposed (``acc[64, 16] = W x^T``: the weights as the
   tensor cores' M side, so that sm_90 runs them as warpgroup MMAs), weights and x through
   descriptors, pipelined;

@@ -38,15 +38,10 @@ class PersistentForward(ForwardPass):
                "multiprocessor", minimum=0),
         Option("split_k", int, 1, "K runs of each o_proj and down tile, their partial sums added by the tile's last "
                "run in run order (more items, each shorter: the stages with the fewest tiles)", minimum=1),
-        Option("split_gate_up", int, 1, "K runs of each gate_up tile (its gate and up sums added by the tile's last "
-               "run, in run order): more, shorter items in the stage with the most tiles", minimum=1),
         Option("stages", int, 1, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
         Option("x_ahead", bool, False, "each GEMV activation chunk loaded an iteration ahead too"),
-        Option("tma_weights", bool, False, "with stages >= 2: the GEMV items' weight chunks through TMA tensor "
-               "descriptors made on the device (bulk copies issued by one thread into the pipeline's stages); "
-               "needs weight rows of a multiple of 16 bytes"),
         Option("int8_convert", str, "bits", "how the GEMV items turn int8 weights into floats (the same values): "
                "bit patterns, byte permutes (inline PTX: a GPU only), or Triton's cast",
                choices=("bits", "permute", "cast")),
@@ -75,9 +70,6 @@ class PersistentForward(ForwardPass):
             reasons.append(f"options.persistent.chunk={o['chunk']}: a multiple of 64")
         if o["num_warps"] not in (4, 8):
             reasons.append(f"options.persistent.num_warps={o['num_warps']}: 4 or 8")
-        if o["tma_weights"] and o["stages"] < 2:
-            reasons.append(f"options.persistent.tma_weights needs stages >= 2 (the pipeline it loads into), "
-                           f"stages is {o['stages']}")
         if o["max_registers"] > 255:
             reasons.append(f"options.persistent.max_registers={o['max_registers']}: at most 255")
         return reasons
@@ -116,11 +108,6 @@ class PersistentForward(ForwardPass):
                                                  layer.attention.q_norm_weight, layer.attention.k_norm_weight)]
         if any(t.data_ptr() % ALIGN for t in read):
             return f"a weight it reads is not {ALIGN}-byte aligned"
-        if self.options["tma_weights"]:
-            rows = {lin.weight.shape[1] * lin.weight.element_size() for lin in linears + [model.lm_head]}
-            odd = sorted(r for r in rows if r % 16)
-            if odd:
-                return f"tma_weights needs weight rows of a multiple of 16 bytes, not {odd}"
         return None
 
     def _shape(self, model) -> StepShape:
@@ -133,7 +120,7 @@ class PersistentForward(ForwardPass):
         return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                          intermediate=c.intermediate_size, vocab=model.lm_head.out_features, layers=c.num_layers,
                          page_size=0, num_splits=splits, chunk=o["chunk"], block_k=o["block_k"], block_n=block_n,
-                         split_k=o["split_k"], split_gate_up=o["split_gate_up"])
+                         split_k=o["split_k"])
 
     def _note(self, reason: str | None) -> None:
         if reason is not None and reason not in self._noticed:
@@ -212,8 +199,7 @@ class PersistentForward(ForwardPass):
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
                       causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"],
-                      item_calls=self.options["item_calls"], tma=self.options["tma_weights"],
-                      int8_convert=self.options["int8_convert"])
+                      item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

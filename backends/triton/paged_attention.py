@@ -211,8 +211,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            positions: torch.Tensor | None = None, num_splits: int | None = None,
                            causal: bool = True, k_scale: torch.Tensor | None = None,
                            v_scale: torch.Tensor | None = None, k_smooth: torch.Tensor | None = None,
-                           out: torch.Tensor | None = None, pdl: bool = False,
-                           int8_keep_layout: bool = False) -> torch.Tensor:
+                           out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """Split-KV (flash-decoding) version of :func:`paged_prefill_attention` for 1..16 new tokens
     (a decode step, or the verification of speculative drafts); same contract and result.
 
@@ -227,9 +226,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
 
     ``pdl``: launch the split kernel and the combine with programmatic dependent launch where
     supported; same bits. ``k_scale``, ``v_scale``, ``k_smooth``: INT8 pages, as for
-    :func:`paged_prefill_attention`; ``int8_keep_layout``: each int8 tile converted in the layout it
-    is loaded in, then moved to the MMA's as 16-bit values (paged_attention_tiles.keep_layout; within
-    the twin's bound, not bit for bit with the plain build once compiled).
+    :func:`paged_prefill_attention`.
     """
     quant = int8_pages(k_scale, v_scale, k_smooth)
     t, h, d, hkv, _ = _check_inputs(q, k_pages, v_pages, block_table, start, out, quant)
@@ -247,7 +244,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     upcast, precision = _kernel_flags(q.dtype, q.device)
     launch_decode(q, k_pages, v_pages, block_table, out, positions, scale * LOG2E, num_splits, group,
                   _decode_config(t * group, d, quant is not None), upcast, precision, use_pdl(pdl, q.device),
-                  causal, quant, keep_layout=int8_keep_layout and quant is not None)
+                  causal, quant)
     return out
 
 

@@ -52,7 +52,7 @@ def _paged_decode_kernel(
     KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, KEEP_LAYOUT: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     launch_dependents_then_wait(PDL)
     kv_head = tl.program_id(0)
@@ -79,7 +79,7 @@ def _paged_decode_kernel(
     acc, l_i, m_i = attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh, stride_sh,
                                    stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, hi,
                                    qk_scale, offs_d, BLOCK_M, HEAD_DIM, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST,
-                                   DOT_PRECISION, KEEP_LAYOUT)
+                                   DOT_PRECISION)
     if SINGLE_SPLIT:
         out = acc / l_i[:, None]
         tl.store(out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
@@ -128,12 +128,11 @@ def _decode_scratch(t: int, h: int, num_splits: int, d: int, device: torch.devic
 def launch_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
                   out: torch.Tensor, positions: torch.Tensor, qk_scale: float, num_splits: int, group: int,
                   config: dict, upcast: bool, precision: str, pdl: bool, causal: bool = True,
-                  quant: Int8Pages | None = None, keep_layout: bool = False) -> None:
+                  quant: Int8Pages | None = None) -> None:
     """``_paged_decode_kernel`` (and, with more than one split, ``_paged_decode_combine_kernel``) on
     checked arguments; ``qk_scale`` has ``log2(e)`` folded in, ``config`` holds BLOCK_N, num_warps
     and num_stages, ``pdl`` is granted; ``causal=False``: every query sees all ``start + T`` keys;
-    ``quant``: the pages are int8 with these scales (and smoothing), each tile converted in the
-    layout it is loaded in where ``keep_layout`` (``keep_layout`` of paged_attention_tiles.py)."""
+    ``quant``: the pages are int8 with these scales (and smoothing)."""
     t, h, d = q.shape
     ks, vs, smooth = int8_arguments(q, quant)
     hkv, page_size = k_pages.shape[1], k_pages.shape[2]
@@ -152,7 +151,7 @@ def launch_decode(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
         t, positions, qk_scale, num_splits,
         NUM_HEADS=h, SINGLE_SPLIT=num_splits == 1, CAUSAL=causal, KV_INT8=quant is not None,
         SMOOTH=smooth is not q, GROUP=group, HEAD_DIM=d, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl, KEEP_LAYOUT=keep_layout,
+        BLOCK_M=block_m, UPCAST=upcast, DOT_PRECISION=precision, PDL=pdl,
         **config, enable_fp_fusion=True, **launch_options(pdl),
     )
     if num_splits > 1:

@@ -17,10 +17,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tileinfer.backends.triton.interpreter import interpreting
-
-COMPILED = tl.constexpr(not interpreting())  # compiled for a GPU: inline PTX runs (not in the interpreter)
-
 # -- the online-softmax tile loop of the paged attention -----------------------------------------------
 
 
@@ -185,24 +181,9 @@ def _int8_tile_rows(bt_ptr, n0, hi, stride_kp, stride_ks, stride_vp, stride_vs, 
 
 
 @triton.jit
-def keep_layout(x):
-    """``x`` unchanged, through a move the compiler's layout passes cannot see through (inline PTX
-    that is not pure; the interpreter, which runs no PTX, returns ``x``). After an int8 tile's cast
-    it keeps the cast in the layout the tile was loaded in (16-byte loads, packed conversion), so
-    that the change to the MMA operand's layout moves the converted 16-bit tile (16-byte shared
-    stores, ``ldmatrix``) instead of reading the int8 tile from shared memory a byte at a time."""
-    if COMPILED:
-        x = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=x.dtype, is_pure=False,
-                                      pack=32 // x.dtype.primitive_bitwidth)
-    return x
-
-
-@triton.jit
-def _load_int8_tile(base, scale_base, rows, srows, offs_d, valid, MASKED: tl.constexpr, DTYPE: tl.constexpr,
-                    KEEP_LAYOUT: tl.constexpr):
+def _load_int8_tile(base, scale_base, rows, srows, offs_d, valid, MASKED: tl.constexpr, DTYPE: tl.constexpr):
     """An int8 ``[BLOCK_N, D]`` tile converted to DTYPE (exact: |int8| <= 127) and its ``[BLOCK_N]``
-    float32 scales; 0 for keys not ``valid`` where MASKED. KEEP_LAYOUT: the conversion in the
-    loaded layout (:func:`keep_layout`)."""
+    float32 scales; 0 for keys not ``valid`` where MASKED."""
     ptrs = base + rows[:, None] + offs_d[None, :]
     if MASKED:
         x = tl.load(ptrs, mask=valid[:, None], other=0)
@@ -210,10 +191,7 @@ def _load_int8_tile(base, scale_base, rows, srows, offs_d, valid, MASKED: tl.con
     else:
         x = tl.load(ptrs)
         scale = tl.load(scale_base + srows)
-    x = x.to(DTYPE)
-    if KEEP_LAYOUT:
-        x = keep_layout(x)
-    return x, scale
+    return x.to(DTYPE), scale
 
 
 @triton.jit
@@ -234,23 +212,19 @@ def _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, h
 def attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks,
                       stride_vp, stride_vs, stride_sp, qpos, lo, hi, qk_scale, offs_d,
                       MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                      DOT_PRECISION: tl.constexpr, KEEP_LAYOUT: tl.constexpr = False):
+                      DOT_PRECISION: tl.constexpr):
     """:func:`attend_tiles` over int8 pages with one float32 scale per cached vector (``ks_base``,
     ``vs_base``: the kv head's ``[P, page_size]`` scales, page stride ``stride_sp``): each tile is
     converted to q's dtype in registers, the key scales multiply the scores (with ``qk_scale``) and
     the value scales multiply ``P`` before its rounding to q's dtype for the second ``tl.dot``; no
     dequantized copy of the cache, no score matrix beyond the ``[BLOCK_M, BLOCK_N]`` tile. The
-    block-table entry of the next tile is read one iteration ahead, as in :func:`attend_tiles`.
-    KEEP_LAYOUT: each tile converted in the layout it is loaded in (:func:`keep_layout`; the same values
-    into the dots, compiled code that rounds the softmax's last bits otherwise)."""
+    block-table entry of the next tile is read one iteration ahead, as in :func:`attend_tiles`."""
     k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, lo, hi, stride_kp, stride_ks, stride_vp, stride_vs,
                                              stride_sp, BLOCK_N, PAGE_SIZE)
     for n0 in tl.range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k, k_scale = _load_int8_tile(k_base, ks_base, k_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype,
-                                     KEEP_LAYOUT)
-        v, v_scale = _load_int8_tile(v_base, vs_base, v_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype,
-                                     KEEP_LAYOUT)
+        k, k_scale = _load_int8_tile(k_base, ks_base, k_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype)
+        v, v_scale = _load_int8_tile(v_base, vs_base, v_rows, s_rows, offs_d, offs_n < hi, MASKED, q.dtype)
         k_rows, v_rows, s_rows = _int8_tile_rows(bt_ptr, n0 + BLOCK_N, hi, stride_kp, stride_ks, stride_vp,
                                                  stride_vs, stride_sp, BLOCK_N, PAGE_SIZE)
         acc, l_i, m_i = _softmax_step_int8(acc, l_i, m_i, q, k, k_scale, v, v_scale, offs_n, qpos, hi, qk_scale,
@@ -276,18 +250,18 @@ def empty_state(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
 def attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks, stride_vp,
                  stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d,
                  BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_INT8: tl.constexpr, UPCAST: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, KEEP_LAYOUT: tl.constexpr = False):
+                 DOT_PRECISION: tl.constexpr):
     """The online softmax state ``(acc, l_i, m_i)`` carried over keys ``[lo, hi)`` of one kv head
     (``k_base``, ``v_base``; ``ks_base``, ``vs_base`` its scales where KV_INT8): keys ``[lo,
     full_end)``, which every row sees, unmasked, then ``[full_end, hi)`` masked by ``qpos``
-    (:func:`attend_tiles`, or :func:`attend_tiles_int8` with KV_INT8, and KEEP_LAYOUT)."""
+    (:func:`attend_tiles`, or :func:`attend_tiles_int8` with KV_INT8)."""
     if KV_INT8:
         acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
                                           stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, qk_scale,
-                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION, KEEP_LAYOUT)
+                                          offs_d, False, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
         acc, l_i, m_i = attend_tiles_int8(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp,
                                           stride_ks, stride_vp, stride_vs, stride_sp, qpos, full_end, hi, qk_scale,
-                                          offs_d, True, BLOCK_N, PAGE_SIZE, DOT_PRECISION, KEEP_LAYOUT)
+                                          offs_d, True, BLOCK_N, PAGE_SIZE, DOT_PRECISION)
     else:
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
                                      stride_vp, stride_vs, qpos, lo, full_end, qk_scale, offs_d,
@@ -302,8 +276,7 @@ def attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, str
 def attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh, stride_sh,
                    stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d,
                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                   KV_INT8: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                   KEEP_LAYOUT: tl.constexpr = False):
+                   KV_INT8: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """The online softmax of the query rows ``q`` (``[BLOCK_M, HEAD_DIM]``) over keys ``[lo, hi)``
     of kv head ``kv_head``, from the empty state (:func:`attend_range`; the scales at ``ks_ptr``,
     ``vs_ptr`` with KV_INT8). Returns the float32 ``(acc [BLOCK_M, HEAD_DIM], l_i [BLOCK_M], m_i
@@ -313,4 +286,4 @@ def attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, 
     acc, l_i, m_i = empty_state(BLOCK_M, HEAD_DIM)
     return attend_range(acc, l_i, m_i, q, k_base, v_base, ks_base, vs_base, bt_ptr, stride_kp, stride_ks, stride_vp,
                         stride_vs, stride_sp, qpos, lo, full_end, hi, qk_scale, offs_d, BLOCK_N, PAGE_SIZE, KV_INT8,
-                        UPCAST, DOT_PRECISION, KEEP_LAYOUT)
+                        UPCAST, DOT_PRECISION)

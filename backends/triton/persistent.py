@@ -17,8 +17,8 @@ on the host by :class:`StepPlan`): per layer the qkv GEMV tiles (input RMSNorm i
 prologue), one attention-input item per kv head (q/k RMSNorm, RoPE, the K/V page write),
 ``NUM_SPLITS`` attention items per kv head (the last one combines), the o_proj tiles (+ residual),
 the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual; o_proj and down tiles
-in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, gate_up tiles in ``SPLIT_GU``, the last run of a tile adding the
-runs' sums; a down run waits for the gate_up tiles of its K range only); then the lm_head
+in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, the last run of a tile adding the runs' sums; a down run waits
+for the gate_up tiles of its K range only); then the lm_head
 tiles (final RMSNorm, float32 logits). Program ``p`` takes items ``p, p + programs, ...`` in
 order; an item waits on the int32 counter its inputs increment (persistent_items.py), never on a
 kernel boundary, and loads its first weight chunk before it waits. Every GEMV tile is
@@ -30,7 +30,6 @@ takes every item in order (every wait is then already satisfied when checked).
 
 from __future__ import annotations
 
-import contextvars
 import types
 
 import torch
@@ -91,8 +90,7 @@ def _persistent_step_kernel(
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
     STAGES: tl.constexpr, X_AHEAD: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
-    SPLIT_GU: tl.constexpr,
-    TMA: tl.constexpr, CONVERT: tl.constexpr,
+    CONVERT: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -107,8 +105,7 @@ def _persistent_step_kernel(
     w_ty = w_example_ptr.dtype.element_ty
     NT_O: tl.constexpr = (HIDDEN + BN_O - 1) // BN_O
     NT_DOWN: tl.constexpr = (HIDDEN + BN_DOWN - 1) // BN_DOWN
-    NT_GU: tl.constexpr = (INTER + BN_GU - 1) // BN_GU
-    NT_RUNS: tl.constexpr = NT_O + NT_GU + NT_DOWN  # a layer's tile counters of the K runs
+    NT_RUNS: tl.constexpr = NT_O + NT_DOWN  # a layer's tile counters of the K runs
     tiles = counters_ptr + (n_counters - 1) // (CPL + NT_RUNS) * CPL  # after the layers' own counters
     n_programs = tl.num_programs(0)
     for i in range(tl.program_id(0), n_items, n_programs):
@@ -125,7 +122,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
                       HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
+                      STAGES, X_AHEAD, CONVERT=CONVERT)
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
@@ -153,19 +150,16 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, -1, tile * BN_O, c + C_ATTN, HKV,
                               H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
                               STAGES, X_AHEAD, SPLIT_O, index // NT_O, split_ptr,
-                              tiles + layer * NT_RUNS + tile, TMA=TMA, CONVERT=CONVERT)
+                              tiles + layer * NT_RUNS + tile, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
-            tile = index % NT_GU
-            wrote = gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
-                              _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, tile * BN_GU,
-                              c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
-                              HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
-                              STAGES, X_AHEAD, SPLIT_GU, index // NT_GU, split_ptr,
-                              tiles + layer * NT_RUNS + NT_O + tile, TMA=TMA, CONVERT=CONVERT)
-            if wrote != 0:
-                signal(c + C_GU + tile * BN_GU // K_RUN_DOWN)
+            gemv_item(h_ptr, T, _ptr(layer_ptrs, layer, 4, w_ty), _ptr(layer_ptrs, layer, 5, tl.float32),
+                      _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
+                      c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
+                      HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
+                      STAGES, X_AHEAD, CONVERT=CONVERT)
+            signal(c + C_GU + index * BN_GU // K_RUN_DOWN)
         elif kind == DOWN:
             tile = index % NT_DOWN
             run = index // NT_DOWN  # waits for the gate_up tiles of its K run only
@@ -175,14 +169,14 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_GU + run,
                               run_tiles, INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
                               DOT_F32, STAGES, X_AHEAD, SPLIT_DOWN, index // NT_DOWN, split_ptr,
-                              tiles + layer * NT_RUNS + NT_O + NT_GU + tile, TMA=TMA, CONVERT=CONVERT)
+                              tiles + layer * NT_RUNS + NT_O + tile, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_DOWN)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_DOWN, tl.cdiv(HIDDEN, BN_DOWN),
                       HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, TMA=TMA, CONVERT=CONVERT)
+                      STAGES, X_AHEAD, CONVERT=CONVERT)
         if TIMELINE:
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
@@ -213,7 +207,7 @@ _step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)
 
 
 def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
-                     timeline: bool = False, stages: int = 1, x_ahead: bool = False, tma: bool = False,
+                     timeline: bool = False, stages: int = 1, x_ahead: bool = False,
                      int8_convert: str = "bits") -> dict:
     """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
     ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles, whose int8 weights take
@@ -225,7 +219,6 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
                 X_AHEAD=x_ahead, SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
-                SPLIT_GU=s.gate_up_splits, TMA=tma,
                 CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert])
 
 
@@ -241,7 +234,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
                            causal: bool = True, stages: int = 1, x_ahead: bool = False, item_calls: bool = False,
-                           tma: bool = False, int8_convert: str = "bits", warmup: bool = False):
+                           int8_convert: str = "bits", warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -253,7 +246,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
-    tokens (a block drafter's step). ``stages``, ``x_ahead``, ``tma``, ``int8_convert``: how the GEMV items
+    tokens (a block drafter's step). ``stages``, ``x_ahead``, ``int8_convert``: how the GEMV items
     load and convert their chunks
     (:func:`persistent_items.gemv_item`; the same bits). ``item_calls``: the kernel whose work items
     are calls, not inlined (:func:`_items_as_calls`). ``timeline``: int64 ``[n_items, 3]``, where
@@ -274,28 +267,13 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
             *page_strides, *scale_strides)
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
                                upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
-                               stages=stages, x_ahead=x_ahead, tma=tma, int8_convert=int8_convert),
+                               stages=stages, x_ahead=x_ahead, int8_convert=int8_convert),
               **compile_options(num_warps, max_registers))
     kernel = step_kernel(item_calls)
     if warmup:
         return kernel.warmup(*args, grid=(programs,), **kw)
-    if tma:  # the descriptors' global scratch: the caller's buffer, set for this launch only
-        contextvars.copy_context().run(_launch_with_scratch, kernel, programs, args, kw, bufs)
-    else:
-        kernel[(programs,)](*args, **kw)
-    return None
-
-
-def _launch_with_scratch(kernel, programs: int, args: tuple, kw: dict, bufs: StepBuffers) -> None:
-    """Launch with Triton's allocator handing out the last of ``bufs.scratch`` (a larger one
-    appended where it is too small), where the device-made TMA descriptors live."""
-    def scratch(size: int, alignment: int, stream) -> torch.Tensor:
-        if not bufs.scratch or bufs.scratch[-1].numel() < size:
-            bufs.scratch.append(torch.empty(size, dtype=torch.int8, device=bufs.h.device))
-        return bufs.scratch[-1]
-
-    triton.set_allocator(scratch)
     kernel[(programs,)](*args, **kw)
+    return None
 
 
 def step_kernel(item_calls: bool = False):

@@ -93,7 +93,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
               X_AHEAD: tl.constexpr = False, SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None,
-              TMA: tl.constexpr = False, CONVERT: tl.constexpr = 0):
+              CONVERT: tl.constexpr = 0):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized first with weight ``nw`` (Qwen3's roundings).
@@ -103,16 +103,13 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     ``wait_target``. The weight chunks: STAGES 1, each chunk's successor loaded into registers
     before the chunk's dot, the first before the wait; more, the compiler's software pipeline of
     STAGES stages through shared memory, after the wait. X_AHEAD: each activation chunk loaded an
-    iteration ahead too. TMA (with STAGES > 1): the weight chunks through a tensor descriptor made
-    on the device (``[N + UP_ROWS, K]``, zero past its ends as the masked loads), so that the
-    pipeline's loads are bulk copies issued by one thread. CONVERT: how int8 weights become floats
+    iteration ahead too. CONVERT: how int8 weights become floats
     (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). None of these changes an
     operation or its order (the same bits with BF16 weights on an H100; with INT8 weights the
-    pipelined builds gave other last bits at the Qwen3-0.6B shape, cause not found). SPLITS > 1: this
-    item sums the ``split``-th of SPLITS equal runs of K chunks into the float32 scratch
-    ``split_ptr`` (``[SPLITS, 16, N]``, then the up sums' ``[SPLITS, 16, N]`` with SWIGLU) and
-    counts itself in ``tile_counter``; the tile's last split adds the partial sums up in split order
-    and runs the epilogue. Returns 1 where this
+    pipelined builds gave other last bits at the Qwen3-0.6B shape, cause not found). SPLITS > 1 (not
+    with SWIGLU): this item sums the ``split``-th of SPLITS equal runs of K chunks into the float32
+    scratch ``split_ptr`` (``[SPLITS, 16, N]``) and counts itself in ``tile_counter``; the tile's
+    last split adds the partial sums up in split order and runs the epilogue. Returns 1 where this
     item wrote the output (always with SPLITS 1), else 0."""
     act_ty = x_ptr.dtype.element_ty
     offs_t = tl.arange(0, BLOCK_T)
@@ -129,9 +126,6 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
         wg = _load_weight(w_rows, k_lo, offs_k, K, n_ok)
         if SWIGLU:
             wu = _load_weight(w_rows + UP_ROWS * K, k_lo, offs_k, K, n_ok)
-    if TMA:
-        tl.static_assert(STAGES > 1, "weights through TMA need the pipeline (STAGES > 1)")
-        w_desc = tl.make_tensor_descriptor(w_ptr, [N + UP_ROWS, K], [K, 1], [BLOCK_N, BLOCK_K])
     wait_for(wait_ptr, wait_target)
     if NORM:
         rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K, X_AHEAD)
@@ -149,16 +143,10 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
         if STAGES > 1:  # the compiler's pipeline keeps STAGES - 1 chunks in flight (through shared memory)
-            if TMA:
-                wg = w_desc.load([n0, k0])
-            else:
-                wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
+            wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
             acc = dot_chunk(x, wg, acc, DOT_F32, INT8, CONVERT, False)
             if SWIGLU:
-                if TMA:
-                    wu = w_desc.load([UP_ROWS + n0, k0])
-                else:
-                    wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
+                wu = _load_weight(w_rows + UP_ROWS * K, k0, offs_k, K, n_ok)
                 acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, CONVERT, False)
         else:  # each chunk's successor loaded before its dot
             next_g = _load_weight(w_rows, k0 + BLOCK_K, offs_k, K, n_ok)
@@ -171,20 +159,15 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     at = offs_t[:, None] * N + offs_n[None, :]
     wrote = 1
     if SPLITS > 1:
+        tl.static_assert(not SWIGLU, "split K runs are for the plain and residual GEMVs")
         tl.store(split_ptr + split * (BLOCK_T * N) + at, acc, mask=n_ok[None, :])
-        if SWIGLU:  # the up sums after every run's gate sums
-            tl.store(split_ptr + (SPLITS + split) * (BLOCK_T * N) + at, acc_u, mask=n_ok[None, :])
         tl.debug_barrier()
         wrote = (tl.atomic_add(tile_counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1).to(tl.int32)
         if wrote != 0:  # the tile's last split: the partial sums in split order
             acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-            acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
             for j in range(SPLITS):
                 acc += tl.load(split_ptr + j * (BLOCK_T * N) + at, mask=n_ok[None, :], other=0.0,
                                cache_modifier=".cg")
-                if SWIGLU:
-                    acc_u += tl.load(split_ptr + (SPLITS + j) * (BLOCK_T * N) + at, mask=n_ok[None, :], other=0.0,
-                                     cache_modifier=".cg")
     if wrote != 0:
         out_ty = y_ptr.dtype.element_ty
         if INT8:

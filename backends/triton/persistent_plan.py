@@ -4,7 +4,7 @@ serves (:class:`StepShape`), the work list of a step (:class:`StepPlan`), the bu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 import triton
@@ -42,7 +42,6 @@ class StepShape:
     block_k: int = 256
     block_n: tuple[int, int, int, int, int] = (16, 16, 16, 16, 64)  # qkv, o_proj, gate_up, down, lm_head
     split_k: int = 1  # K runs of the o_proj and down tiles (at most: no run left empty)
-    split_gate_up: int = 1  # K runs of the gate_up tiles (at most: no run left empty)
     kv_int8: bool = False  # int8 pages with float32 scales per vector (kv_store=paged_int8)
     k_smooth: bool = False  # with kv_int8: the keys are divided by a per-layer smoothing
 
@@ -59,32 +58,20 @@ class StepShape:
         outs = (self.qkv_rows, self.hidden, self.intermediate, self.hidden, self.vocab)
         return tuple(triton.cdiv(n, b) for n, b in zip(outs, self.block_n))
 
-    def _runs(self, k: int, split: int) -> int:
-        chunks = triton.cdiv(k, self.block_k)
-        return triton.cdiv(chunks, triton.cdiv(chunks, min(split, chunks)))
-
     def k_splits(self) -> tuple[int, int]:
         """The K runs of an o_proj and a down tile: ``split_k``, fewer where a run would be empty."""
-        return self._runs(self.heads * self.head_dim, self.split_k), self._runs(self.intermediate, self.split_k)
-
-    @property
-    def gate_up_splits(self) -> int:
-        """The K runs of a gate_up tile: ``split_gate_up``, fewer where a run would be empty."""
-        return self._runs(self.hidden, self.split_gate_up)
-
-    @property
-    def split_scratch(self) -> int:
-        """float32 elements of the K runs' partial sums (a gate_up run keeps its gate and its up sums)."""
-        split_o, split_down = self.k_splits()
-        return 16 * max(split_o * self.hidden, split_down * self.hidden, 2 * self.gate_up_splits * self.intermediate)
+        def runs(k: int) -> int:
+            chunks = triton.cdiv(k, self.block_k)
+            return triton.cdiv(chunks, triton.cdiv(chunks, min(self.split_k, chunks)))
+        return runs(self.heads * self.head_dim), runs(self.intermediate)
 
     @property
     def num_counters(self) -> int:
         """Per layer: qkv, attention inputs and splits per kv head, attention, o_proj, gate_up (one
         per K run of the down tiles: the gate_up tiles each run reads), down; then per layer the
-        runs finished of each o_proj, gate_up and down tile; then the count of finished programs."""
-        _, n_o, n_gu, n_down, _ = self.tiles()
-        return self.layers * (4 + 2 * self.kv_heads + self.k_splits()[1]) + self.layers * (n_o + n_gu + n_down) + 1
+        runs finished of each o_proj and down tile; then the count of finished programs."""
+        _, n_o, _, n_down, _ = self.tiles()
+        return self.layers * (4 + 2 * self.kv_heads + self.k_splits()[1]) + self.layers * (n_o + n_down) + 1
 
 
 @dataclass
@@ -108,7 +95,7 @@ class StepPlan:
                      for s in range(shape.num_splits) for g in range(shape.kv_heads)]
             split_o, split_down = shape.k_splits()
             rows += [(O_PROJ, layer, i, -1) for i in range(n_o * split_o)]  # run i // n_o of tile i % n_o
-            rows += [(GATE_UP, layer, i, -1) for i in range(n_gu * shape.gate_up_splits)]  # run i // n_gu
+            rows += [(GATE_UP, layer, i, -1) for i in range(n_gu)]
             slot = capture.index(layer) if layer in capture else -1
             rows += [(DOWN, layer, i, slot) for i in range(n_down * split_down)]
         if logits:
@@ -121,8 +108,7 @@ class StepBuffers:
     """Everything the kernel writes, sized for 16 token rows: the residual stream ``h``, the qkv
     projection, the rotated q heads, the attention output, the SwiGLU activations, float32 logits,
     captured layer outputs, the attention partials and statistics, the split K runs' partial sums,
-    the counters (zero between launches); ``scratch``: the global scratch of the device-made TMA
-    descriptors (kept while the buffers live: a captured graph may hold any of them)."""
+    the counters (zero between launches)."""
 
     h: torch.Tensor
     qkv: torch.Tensor
@@ -135,7 +121,6 @@ class StepBuffers:
     stat: torch.Tensor
     split: torch.Tensor
     counters: torch.Tensor
-    scratch: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
     def allocate(cls, shape: StepShape, dtype: torch.dtype, device: torch.device, captures: int) -> "StepBuffers":
@@ -149,14 +134,14 @@ class StepBuffers:
                    attn=zeros(rows, s.heads * s.head_dim), act=zeros(rows, s.intermediate),
                    logits=zeros(rows, s.vocab, dt=torch.float32), capture=zeros(max(captures, 1), rows, s.hidden),
                    part=zeros(partials * s.head_dim, dt=torch.float32), stat=zeros(2 * partials, dt=torch.float32),
-                   split=zeros(s.split_scratch, dt=torch.float32),
+                   split=zeros(max(s.k_splits()), rows, s.hidden, dt=torch.float32),
                    counters=zeros(s.num_counters, dt=torch.int32))
 
     def poison(self) -> None:
         """NaN in every float buffer (tests: nothing may be read before it is written)."""
         for f in fields(self):
             t = getattr(self, f.name)
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
+            if t.is_floating_point():
                 t.fill_(float("nan"))
 
 

@@ -78,9 +78,6 @@ class TritonAttention(Attention):
         Option("prefill_warp_specialize", bool, False, "the prefill attention's key loop warp-specialized (Triton's "
                "Hopper pass: a TMA producer and two MMA consumer warpgroups, 12 warps; a program takes 128 tokens of "
                "one q head; implies prefill_tma)"),
-        Option("int8_keep_layout", bool, False, "over int8 pages, the decode attention converts each tile in the "
-               "layout it is loaded in and moves it to the tensor cores' as 16-bit values (not the int8 tile a byte "
-               "at a time); agrees with the twin, not bit for bit with the plain build; not yet timed"),
     )
 
     @classmethod
@@ -144,5 +141,5 @@ class TritonAttention(Attention):
             splits = None if step.max_context is None else decode_splits(step.max_context, pages.k_scale is not None)
             out = paged_decode_attention(q, pages.k, pages.v, kv.block_table, step.start, spec.scale,
                                          positions=step.positions, num_splits=splits, causal=step.causal,
-                                         **int8, pdl=self.pdl, int8_keep_layout=self.options["int8_keep_layout"])
+                                         **int8, pdl=self.pdl)
         return out.reshape(step.num_tokens, spec.num_heads * spec.head_dim)

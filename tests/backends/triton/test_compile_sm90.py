@@ -101,7 +101,7 @@ def jobs():
         out.append((name, base + "paged_attention_decode", "_paged_decode_kernel",
                      dict(NUM_HEADS=KV_HEADS * group, SINGLE_SPLIT=single, CAUSAL=causal, KV_INT8=int8,
                           SMOOTH=int8, GROUP=group, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE, BLOCK_M=16,
-                          BLOCK_N=cfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl, KEEP_LAYOUT=False),
+                          BLOCK_N=cfg["BLOCK_N"], UPCAST=False, DOT_PRECISION="tf32", PDL=pdl),
                      attn8 if int8 else attn, cfg["num_warps"], cfg["num_stages"], {}))
     out.append(("combine", base + "paged_attention_decode", "_paged_decode_combine_kernel",
                  dict(NUM_HEADS=HEADS, HEAD_DIM=HEAD_DIM, BLOCK_S=P.DECODE_MAX_SPLITS, PDL=pdl),

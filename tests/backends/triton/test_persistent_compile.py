@@ -33,23 +33,3 @@ def test_weights_and_pages_load_in_16_byte_vectors(tmp_path):
         assert weights and all(op.endswith(".128") for op in weights), result
         assert result["spill_stores"] <= 256 and result["programs_per_sm"] >= 2, result
 
-
-TMA_SCRIPT = f'''
-import json, sys
-sys.path.insert(0, {str(ROOT)!r})
-from bench.persistent_build import compile_step
-print(json.dumps([compile_step("Qwen3-4B", stages=3, tma_weights=True),
-                  compile_step("Qwen3-4B", int8=True, stages=3, tma_weights=True)]))
-'''
-
-
-def test_tma_weights_stream_the_weights_by_bulk_copies(tmp_path):
-    """``tma_weights``: every weight chunk through the tensor descriptors (``UTMALDG``), none by a
-    thread's evict-first load, and two programs still fit a multiprocessor beside the stages."""
-    from bench.persistent_build import narrow
-
-    for result in compiled_results(TMA_SCRIPT, tmp_path / "compile_persistent_tma.py"):
-        memory = result["global_memory"]
-        assert memory.get("UTMALDG.2D", 0) > 0, result
-        assert not any(op.startswith("LDG.E.EF") for op in memory), result
-        assert not narrow(memory) and result["programs_per_sm"] >= 2, result
