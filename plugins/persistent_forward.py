@@ -36,9 +36,10 @@ class PersistentForward(ForwardPass):
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
                "multiprocessor", minimum=0),
-        Option("split_k", int, 1, "K runs of each o_proj and down tile, their partial sums added by the tile's last "
-               "run in run order (more items, each shorter: the stages with the fewest tiles)", minimum=1),
-        Option("stages", int, 1, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
+        Option("split_k", int, 3, "K runs of each o_proj and down tile, their partial sums added by the tile's last "
+               "run in run order (more items, each shorter: the stages with the fewest tiles; a down run waits for "
+               "the gate_up tiles of its own K range only)", minimum=1),
+        Option("stages", int, 3, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
         Option("x_ahead", bool, False, "each GEMV activation chunk loaded an iteration ahead too"),

@@ -90,14 +90,14 @@ def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_
 
 
 
-@pytest.mark.parametrize("options", [{"stages": 3}, {"x_ahead": True},
+@pytest.mark.parametrize("options", [{"stages": 1}, {"x_ahead": True},
                                      {"item_calls": True, "max_registers": 128, "programs_per_sm": 4},
                                      {"int8_convert": "permute"}, {"int8_convert": "cast"}])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 def test_how_the_chunks_are_loaded_changes_no_bit(folder, quantize, options):
     """Options that change when or how a GEMV chunk reaches the program (or how int8 weights become
     floats), not what it adds up: the same bits with BF16 weights; with INT8 weights the pipelined
-    build (``stages``) gave other last bits at the Qwen3-0.6B shape on an H100 (2026-12-05, cause not
+    build (``stages`` 3, the default) and the register build (1) gave other last bits at the Qwen3-0.6B shape on an H100 (2026-12-05, cause not
     found), so there the logits are held to the per-op bound, and every build's rows stay
     batch-invariant."""
     e = build(folder, quantize=quantize)
@@ -105,7 +105,7 @@ def test_how_the_chunks_are_loaded_changes_no_bit(folder, quantize, options):
     for t in (1, 16):
         plain, _ = steps(e, t, PersistentForward(e.model))
         out, _ = steps(e, t, fwd)
-        if quantize == "int8" and "stages" in options:
+        if quantize == "int8" and "stages" in options:  # the register build against the pipelined default
             close(out, plain)
         else:
             assert torch.equal(out, plain), f"T={t}"
