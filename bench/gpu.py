@@ -198,7 +198,8 @@ def compare_table(rows: list[dict]) -> str:
 def tests_arguments(p) -> None:
     p.description = ("The GPU-marked tests (pytest -m gpu), over --workers processes with pytest-xdist where it "
                      "imports (bench/device.sh carries it; in one process the GPU tests take more than 9 minutes), "
-                     "stopped after --seconds.")
+                     "each test to the next free worker, one line a test; after --seconds pytest is interrupted, so "
+                     "that it still prints the failures so far.")
     p.add_argument("paths", nargs="*", default=["tests"], help="test paths (default: tests)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--seconds", type=float, default=540)
@@ -206,12 +207,20 @@ def tests_arguments(p) -> None:
 
 def tests_main(args) -> int:
     import importlib.util
+    import signal
 
-    workers = ["-n", str(args.workers), "--dist", "loadfile"] if importlib.util.find_spec("xdist") else []
-    argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-m", "gpu", "--durations=15",
+    workers = ["-n", str(args.workers), "--dist", "load"] if importlib.util.find_spec("xdist") else []
+    argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-m", "gpu", "--durations=15",
             *workers, *args.paths]
+    proc = subprocess.Popen(argv, cwd=ROOT)
     try:
-        return subprocess.run(argv, cwd=ROOT, timeout=args.seconds).returncode
+        return proc.wait(timeout=args.seconds)
     except subprocess.TimeoutExpired:
-        print(f"stopped after {args.seconds:.0f} s", flush=True)
+        print(f"stopped after {args.seconds:.0f} s: interrupting pytest for its summary", flush=True)
+        proc.send_signal(signal.SIGINT)  # pytest prints the failures so far on KeyboardInterrupt
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         return 124

@@ -8,6 +8,7 @@ import argparse
 import importlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -88,3 +89,18 @@ def test_each_side_is_a_package_folder_as_pyproject_maps_it(tmp_path):
     assert (folder / "tileinfer" / "x.py").read_text() == "core"
     assert all((folder / "tileinfer" / sub / "x.py").read_text() == sub
                for sub in ("backends", "plugins", "configs", "models"))
+
+
+def test_gpu_tests_interrupts_pytest_at_its_seconds_and_still_names_the_failures(tmp_path, capfd):
+    """``bench gpu-tests`` stops a run that outlasts --seconds with an interrupt, not a kill, so that
+    pytest's summary names the tests that failed before it (a killed run names none)."""
+    from argparse import Namespace
+
+    (tmp_path / "test_slow.py").write_text(
+        "import time\nimport pytest\n\n\n@pytest.mark.gpu\ndef test_fails():\n    assert 1 == 2\n\n\n"
+        "@pytest.mark.gpu\ndef test_sleeps():\n    time.sleep(60)\n")
+    began = time.monotonic()
+    assert gpu.tests_main(Namespace(paths=[str(tmp_path / "test_slow.py")], workers=1, seconds=8)) == 124
+    assert time.monotonic() - began < 45
+    out = capfd.readouterr().out
+    assert "stopped after 8 s" in out and "test_fails" in out and "FAILED" in out
