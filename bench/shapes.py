@@ -58,14 +58,16 @@ def cpu_refusal(shape: str) -> str | None:
             f"on a CPU use --shape {CPU_SHAPES[0]}")
 
 
-def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0) -> Path:
-    """Random BF16 weights of a named shape, saved with save_pretrained (skipped if already there)."""
+def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0, layers: int | None = None) -> Path:
+    """Random BF16 weights of a named shape (``layers`` of them where given: a draft model of the
+    family's width and vocabulary), saved with save_pretrained (skipped if already there)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     folder = Path(folder)
     if (folder / "config.json").is_file():
         return folder
-    config = Qwen3Config(**SHAPES[shape], architectures=["Qwen3ForCausalLM"])
+    config = Qwen3Config(**{**SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})},
+                         architectures=["Qwen3ForCausalLM"])
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     previous = torch.get_default_dtype()

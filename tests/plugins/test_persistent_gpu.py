@@ -5,7 +5,8 @@ token for token, for every proposer and several k, with BF16 and INT8 weights; a
 over INT8 KV pages (``kv_store=paged_int8``) too.
 
 Shapes: an odd tiny target (7 layers, hidden 96, GQA 4 / 2 heads of 32, the DFlash tests' layer
-count) and the Qwen3-0.6B shape with random weights (bench/shapes.py). The per-op step reduces in
+count) and the Qwen3-0.6B shape with random weights (bench/shapes.py); the speculative identity also
+at Qwen3-4B, with a draft model and a DFlash drafter of each shape's width. The per-op step reduces in
 other orders (the 1-token GEMV on CUDA cores, attention splits sized by the context), so logits
 agree to a bound, stated in ``close``; ``pytest -s`` prints the measured differences.
 """
@@ -145,10 +146,38 @@ def test_speculative_greedy_gives_plain_greedy_tokens(tiny_case, proposer, k, qu
     assert spec.generate(prompt, max_new_tokens=64).token_ids == plain
 
 
+# At the Qwen3 shapes (random weights): every proposer, two k each, the default and INT8 weights; a
+# 2-layer draft model of the family's width and vocabulary, a 1-layer DFlash drafter in z-lab's format.
+QWEN3_SPEC = [("ngram", 3), ("ngram", 15), ("draft", 3), ("draft", 7), ("dflash", 7), ("dflash", 15)]
+
+
+@pytest.fixture(scope="module")
+def qwen3_family(tmp_path_factory):
+    """shape -> (target, {proposer: model folder}), written once per shape on first use."""
+    from bench.shapes import write_random_checkpoint, write_random_drafter
+
+    folders: dict[str, tuple] = {}
+
+    def get(shape: str):
+        if shape not in folders:
+            root = tmp_path_factory.mktemp(shape)
+            folders[shape] = (write_random_checkpoint(shape, root / "target"),
+                              {"draft": write_random_checkpoint(shape, root / "draft", seed=1, layers=2),
+                               "dflash": write_random_drafter(shape, 1, 16, root / "dflash")})
+        return folders[shape]
+
+    return get
+
+
+@pytest.mark.parametrize("proposer, k", QWEN3_SPEC)
 @pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_speculative_greedy_gives_plain_greedy_tokens_at_the_qwen3_shape(qwen3_06b, quantize):
+@pytest.mark.parametrize("shape", ["Qwen3-0.6B", "Qwen3-4B"])
+def test_speculative_greedy_gives_plain_greedy_tokens_at_the_qwen3_shapes(qwen3_family, shape, quantize, proposer,
+                                                                           k):
+    target, drafts = qwen3_family(shape)
     prompt = repetitive_prompt()
-    plain = build(qwen3_06b, forward="persistent", quantize=quantize).generate(prompt, max_new_tokens=48).token_ids
-    for k in (3, 8):
-        spec = build(qwen3_06b, forward="persistent", quantize=quantize, proposer="ngram", spec_k=k)
-        assert spec.generate(prompt, max_new_tokens=48).token_ids == plain, f"ngram@{k}"
+    keys = dict(forward="persistent", quantize=quantize)
+    plain = build(target, **keys).generate(prompt, max_new_tokens=48).token_ids
+    options = {proposer: {"model": str(drafts[proposer])}} if proposer in drafts else {}
+    spec = build(target, **keys, proposer=proposer, spec_k=k, options=options)
+    assert spec.generate(prompt, max_new_tokens=48).token_ids == plain, f"{proposer}@{k}"
