@@ -43,6 +43,9 @@ class PersistentForward(ForwardPass):
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
         Option("x_ahead", bool, False, "each GEMV activation chunk loaded an iteration ahead too"),
+        Option("l2_prefetch", bool, False, "each GEMV item asks the L2 for its whole weight tile before it waits "
+               "for its inputs (bulk prefetches: memory streams during the waits; a GPU only, off under the "
+               "interpreter)"),
         Option("int8_convert", str, "bits", "how the GEMV items turn int8 weights into floats (the same values): "
                "bit patterns, byte permutes (inline PTX: a GPU only), or Triton's cast",
                choices=("bits", "permute", "cast")),
@@ -200,7 +203,8 @@ class PersistentForward(ForwardPass):
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
                       causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"],
-                      item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"])
+                      item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"],
+                      l2_prefetch=self.options["l2_prefetch"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

@@ -37,7 +37,8 @@ the chain of per-op kernels.
 
 Programmatic dependent launch (``PDL``): the kernel lets the next one launch at its start (a
 config's ``late_launch``: after its K loop) and issues its first weight chunk's load before the
-grid dependency wait; the activations come after it. Under the interpreter every dot operand is
+grid dependency wait (with a config's ``l2_prefetch``, also the L2 prefetches of its whole tile,
+:func:`prefetch_l2`); the activations come after it. Under the interpreter every dot operand is
 cast to float32 (``DOT_F32``).
 """
 
@@ -49,8 +50,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, int8_to, launch_dependents_then_wait,
-                                                        round_to, silu_mul_f32)
+                                                        prefetch_l2, round_to, silu_mul_f32)
 from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemvConfig
+from tileinfer.backends.triton.interpreter import interpreting
 from tileinfer.backends.triton.pdl import launch_options
 
 GEMV_BLOCK_T = 16  # token rows of the GEMV's tl.dot (T = 2..16 padded to 16)
@@ -103,10 +105,12 @@ def gemv_rows(
     x_ptr, w_ptr, s_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr,
+    PREFETCH: tl.constexpr = False, row0=0, n_rows=0,
 ):
     """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi) (never empty), times
     the row scales ``s[rows]`` where INT8: [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1
-    path). ``rows`` must be valid row indices (no row mask). The first chunk is peeled: its weight
+    path). ``rows`` must be valid row indices (no row mask). PREFETCH: the ``n_rows`` rows from
+    ``row0`` over the K range asked of the L2 first (rows and K of a multiple of 16 bytes). The first chunk is peeled: its weight
     load is issued before the grid dependency wait (``PDL``), so it overlaps the tail of the kernel
     before; the activations, which that kernel may have written, are read after it. The order of
     the sums is the same either way."""
@@ -121,6 +125,10 @@ def gemv_rows(
         x_ptrs = x_ptr + offs_k
         acc = tl.zeros((BLOCK_N, BLOCK_K // 16 if INT8 else BLOCK_K), dtype=tl.float32)
     k0 = kb_lo * BLOCK_K
+    if PREFETCH:
+        ELT: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+        for r in range(row0, row0 + n_rows):
+            prefetch_l2(w_ptr + r.to(tl.int64) * stride_wn + k0, (tl.minimum(kb_hi * BLOCK_K, K) - k0) * ELT)
     w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
     if PDL:
         gdc_wait()
@@ -167,7 +175,7 @@ def _gemv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, RESIDUAL: tl.constexpr, FUSED_REDUCE: tl.constexpr, LATE_LAUNCH: tl.constexpr,
-    INT8: tl.constexpr, BITS: tl.constexpr,
+    INT8: tl.constexpr, BITS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
     program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). RESIDUAL: ``r[t,
@@ -185,12 +193,14 @@ def _gemv_kernel(
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
+    n_rows = tl.minimum(BLOCK_N, N - pid_n * BLOCK_N)
     acc = gemv_rows(x_ptr, w_ptr, s_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, BLOCK_T, BLOCK_N, BLOCK_K,
-                    USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS)
+                    USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, PREFETCH, pid_n * BLOCK_N, n_rows)
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
         acc_u = gemv_rows(x_ptr, w_ptr, s_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, BLOCK_T,
-                          BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS)
+                          BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, PREFETCH,
+                          pid_n * BLOCK_N + I_OFF, n_rows)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
     if PDL:
         if LATE_LAUNCH:
@@ -281,6 +291,14 @@ def fused_reduce_counters(n_w: int, K: int, cfg: GemvConfig, swiglu: bool) -> in
     return triton.cdiv(n_w, cfg.block_n)
 
 
+def rows_prefetchable(w: torch.Tensor) -> bool:
+    """The rows of ``w`` can be asked of the L2 (:func:`prefetch_l2`): compiled (not interpreted) for
+    a GPU of sm_90 or newer, ``w`` 16-byte aligned with rows of a multiple of 16 bytes."""
+    size = w.element_size()
+    return (not interpreting() and w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
+            and w.data_ptr() % 16 == 0 and (w.stride(0) * size) % 16 == 0 and (w.shape[1] * size) % 16 == 0)
+
+
 def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                 residual: torch.Tensor | None, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool,
                 pdl: bool, counters: torch.Tensor | None) -> None:
@@ -302,6 +320,7 @@ def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
                   LATE_LAUNCH=cfg.late_launch, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert],
+                  PREFETCH=cfg.l2_prefetch and rows_prefetchable(w),
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True, **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)
