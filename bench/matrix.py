@@ -32,7 +32,7 @@ from tileinfer.model_config import ModelConfig
 from . import peers as peers_mod
 from . import records as records_mod
 from .shapes import CHECKPOINTS, SHAPES, cpu_refusal, decode_roofline_tok_s, default_shapes, prefill_flops
-from .shapes import write_random_checkpoint
+from .shapes import write_random_checkpoint, write_stand_in_tokenizer
 from .timing import measure_limits
 from .workloads import (ALL_NAMES, NAMES, QUANTIZED, VARIANTS, EngineRunner, Workload, engine_args, failure,
                         free_memory, groups, measure, resolve, workloads)
@@ -144,14 +144,17 @@ def main(args) -> int:
     run = records_mod.Run(device, commit=args.commit, path=args.records)
     threads = torch.get_num_threads()
     for shape, folder in folders.items():
+        tokenizer = None
         if not args.model:
             write_random_checkpoint(shape, folder)
+            if any(w.schema for w in chosen):  # the grammar needs a vocabulary of the shape's size
+                tokenizer = write_stand_in_tokenizer(folder, ModelConfig.from_folder(folder).vocab_size)
         mc = ModelConfig.from_folder(folder)
         # The tiny shape's ops are too small to split across CPU threads: more only add jitter.
         torch.set_num_threads(1 if shape == "tiny" and device.type == "cpu" else threads)
         for name in names:
             mine = [w for s, n, w in rows if s == shape and n == name]
-            base = dict(shape=shape, mc=mc, name=name, part=args.part, limits=limits.figures())
+            base = dict(shape=shape, mc=mc, name=name, part=args.part, limits=limits.figures(), tokenizer=tokenizer)
             for row in run_name(folder, mine, device, args.seconds, base):
                 record = run.add("matrix", **row)
                 value = "-" if record["value"] is None else f"{record['value']:.4g} {record['unit']}"
@@ -182,8 +185,10 @@ def run_name(folder: Path, chosen: list[Workload], device: torch.device, seconds
             continue
         for w in group:
             try:
-                done = row(workload=w, measurement=measure(runner, w, seconds), layout=runner.layout(),
-                           kv_capacity=capacity, **base)
+                measurement = measure(runner, w, seconds)
+                decode = getattr(runner, "last_decode", None) if w.kind == "decode" else None
+                done = row(workload=w, measurement=measurement, layout=runner.layout(), kv_capacity=capacity,
+                           decode=decode, **base)
             except Exception as exc:  # noqa: BLE001
                 note = failure(exc)
                 del exc  # its traceback holds the failed step's tensors
@@ -195,16 +200,18 @@ def run_name(folder: Path, chosen: list[Workload], device: torch.device, seconds
 
 def row(*, shape: str, workload: Workload, mc: ModelConfig, name: str, part: str | None, limits: dict,
         measurement=None, note: str | None = None, layout: dict | None = None,
-        kv_capacity: int | None = None) -> dict:
+        kv_capacity: int | None = None, decode: dict | None = None, tokenizer: str | None = None) -> dict:
     """One record's figures. ``layout`` (``quantize``, ``storage``, ``dtype_bytes``) sets the roofline's
-    bytes."""
+    bytes; ``decode``: the last decode sample's ``decode_loop`` and ``tokens_per_step`` (the engine's
+    rows); ``tokenizer``: the stand-in tokenizer of a random checkpoint, where a workload needs one."""
     variant = None if name in peers_mod.PEERS else name
     value = measurement.value if measurement else None
     out = {"shape": shape, "variant": variant, "peer": None if variant else name, "workload": workload.name,
            "value": value, "unit": workload.unit, "samples": measurement.samples if measurement else [], "note": note,
            "roofline_tok_s": None, "roofline_fraction": None, "tflops": None, "peak_fraction": None,
            "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens, "kv_capacity": kv_capacity,
-           "config": VARIANTS.get(variant) if variant else None, "part": part, **limits}
+           "config": VARIANTS.get(variant) if variant else None, "part": part, **limits,
+           **({"tokenizer": tokenizer} if tokenizer and workload.schema else {}), **(decode or {})}
     if value is None:
         return out
     if workload.kind == "decode":

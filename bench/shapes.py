@@ -1,7 +1,9 @@
 """Model shapes for benchmarks, random-weight checkpoints of them, and their rooflines.
 
 A checkpoint is a real Hugging Face folder (config.json + safetensors via save_pretrained), loaded
-through the engine's normal loader; a DFlash drafter's is z-lab's format.
+through the engine's normal loader; a DFlash drafter's is z-lab's format. Where a workload needs
+a tokenizer (a grammar's mask), :func:`write_stand_in_tokenizer` adds one of the shape's vocabulary
+size: Qwen3's own is not on these machines.
 
 Decode roofline: a step reads every weight once (the tied embedding once, as the lm_head; a
 token's embedding row is negligible) plus the K and V of every cached position; at the measured
@@ -80,6 +82,50 @@ def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0, layers: 
     model.save_pretrained(folder)
     del model
     return folder
+
+
+# Qwen3's byte-level BPE entries (151,643) and our three special tokens at ids 0-2
+STAND_IN_MAX_VOCAB = 151_646
+
+
+def write_stand_in_tokenizer(folder: Path, vocab: int, *, max_bytes: int = 250_000_000) -> str:
+    """A stand-in for Qwen3's tokenizer in the checkpoint ``folder`` (kept if already there): the
+    shipped models' byte-level BPE (Qwen3's pre-tokenizer, models/tokenizer.py) learnt, without a
+    minimum frequency, from up to ``max_bytes`` of the running Python's own sources (standard library
+    and site-packages, a fixed shuffled order) to ``min(vocab, 151,646)`` entries, the size of
+    Qwen3's, so that a grammar's per-token mask costs what it would there (its cost grows with the
+    vocabulary; the tokens themselves differ). ~30 s on two cores. Returns what it is, for the
+    records: ``"stand-in byte-level BPE, N tokens"``."""
+    import random
+    import sys
+    import sysconfig
+
+    from tileinfer.models.tokenizer import train_on
+
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        roots = {Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")}
+        files = sorted({f for root in roots if root.is_dir() for f in root.rglob("*.py")})
+        random.Random(0).shuffle(files)
+
+        def texts():
+            total = 0
+            for f in files:
+                try:
+                    text = f.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                total += len(text)
+                if total > max_bytes:
+                    return
+                yield text
+
+        info = train_on(texts(), folder, vocab=min(vocab, STAND_IN_MAX_VOCAB), min_frequency=0)
+        print(f"stand-in tokenizer: {info['vocab_size']} tokens in {info['seconds']} s -> {folder}", file=sys.stderr,
+              flush=True)
+    tokens = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    size = len(tokens["model"]["vocab"]) + sum(t["id"] >= len(tokens["model"]["vocab"]) for t in tokens["added_tokens"])
+    return f"stand-in byte-level BPE, {size} tokens"
 
 
 def write_random_drafter(shape: str, layers: int, block: int, folder: Path, *, seed: int = 0) -> Path:

@@ -213,6 +213,7 @@ class EngineRunner:
     def __init__(self, folder: Path, sources: list[str], overrides: list[str], kv_capacity: int) -> None:
         page = tileinfer.load_config(sources, overrides).kv_page_size
         self.kv_capacity = -(-kv_capacity // page) * page
+        self.last_decode: dict = {}  # the last decode sample's loop and tokens per step
         self.engine = tileinfer.Engine.from_config(
             *sources, model=str(folder), progress=False,  # plain greedy unless the variant says otherwise
             overrides=["temperature=0", "repetition_penalty=1.0", *overrides, f"kv_capacity={self.kv_capacity}"])
@@ -237,8 +238,15 @@ class EngineRunner:
         if workload.schema:
             params = tileinfer.SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True,
                                               structured=tileinfer.StructuredOutput(json=DECODE_SCHEMA))
-            return lambda: engine.generate(prompt, params).stats.decode_tok_s
-        return lambda: engine.generate(prompt, max_new_tokens=workload.new_tokens, ignore_eos=True).stats.decode_tok_s
+        else:
+            params = tileinfer.SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True)
+
+        def decode() -> float:
+            stats = engine.generate(prompt, params).stats
+            self.last_decode = {"decode_loop": stats.decode_loop, "tokens_per_step": stats.tokens_per_step}
+            return stats.decode_tok_s
+
+        return decode
 
     def layout(self) -> dict:
         """What sets the roofline's bytes: weight quantization, KV page format, dtype size (from

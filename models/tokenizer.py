@@ -63,14 +63,24 @@ def build_tokenizer():
 
 
 def train(corpus: Path, out: Path, *, vocab: int = 8192, sample_bytes: int = 64_000_000, max_length: int = 2048):
+    info = train_on(sample_texts(corpus, sample_bytes), out, vocab=vocab, max_length=max_length)
+    print(f"tokenizer: {info['vocab_size']} tokens, trained on ~{sample_bytes / 1e6:.0f} MB in {info['seconds']} s "
+          f"-> {out}", flush=True)
+    return {"vocab_size": info["vocab_size"], "sample_bytes": sample_bytes, "seconds": info["seconds"]}
+
+
+def train_on(texts, out: Path, *, vocab: int, max_length: int = 2048, min_frequency: int = 2) -> dict:
+    """The byte-level BPE of ``vocab`` entries at most (the special tokens at 0, 1, 2, then the 256
+    bytes and the merges) learnt from the strings ``texts``, saved into ``out`` with the chat
+    template; its ``vocab_size`` and the ``seconds`` it took."""
     from tokenizers import pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     start = time.perf_counter()
     tok = build_tokenizer()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, min_frequency=2,
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, min_frequency=min_frequency,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(sample_texts(corpus, sample_bytes), trainer)
+    tok.train_from_iterator(texts, trainer)
     for i, name in enumerate(SPECIAL_TOKENS):
         assert tok.token_to_id(name) == i, (name, tok.token_to_id(name))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
@@ -78,11 +88,7 @@ def train(corpus: Path, out: Path, *, vocab: int = 8192, sample_bytes: int = 64_
     fast.chat_template = CHAT_TEMPLATE
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(out)
-    info = {"vocab_size": tok.get_vocab_size(), "sample_bytes": sample_bytes,
-            "seconds": round(time.perf_counter() - start, 1)}
-    print(f"tokenizer: {info['vocab_size']} tokens, trained on ~{sample_bytes / 1e6:.0f} MB in {info['seconds']} s "
-          f"-> {out}", flush=True)
-    return info
+    return {"vocab_size": tok.get_vocab_size(), "seconds": round(time.perf_counter() - start, 1)}
 
 
 def copy_files(tokenizer_dir: Path, folder: Path) -> None:
