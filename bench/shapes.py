@@ -88,13 +88,14 @@ def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0, layers: 
 STAND_IN_MAX_VOCAB = 151_646
 
 
-def write_stand_in_tokenizer(folder: Path, vocab: int, *, max_bytes: int = 250_000_000) -> str:
+def write_stand_in_tokenizer(folder: Path, vocab: int, *, max_bytes: int | None = None) -> str:
     """A stand-in for Qwen3's tokenizer in the checkpoint ``folder`` (kept if already there): the
     shipped models' byte-level BPE (Qwen3's pre-tokenizer, models/tokenizer.py) learnt, without a
-    minimum frequency, from up to ``max_bytes`` of the running Python's own sources (standard library
-    and site-packages, a fixed shuffled order) to ``min(vocab, 151,646)`` entries, the size of
+    minimum frequency, from up to ``max_bytes`` (default: 2,000 a token, at most 250 MB) of the
+    running Python's own sources (standard library and site-packages, a fixed shuffled order) to
+    ``min(vocab, 151,646)`` entries, the size of
     Qwen3's, so that a grammar's per-token mask costs what it would there (its cost grows with the
-    vocabulary; the tokens themselves differ). ~30 s on two cores. Returns what it is, for the
+    vocabulary; the tokens themselves differ). ~30 s on two cores at Qwen3's size. Returns what it is, for the
     records: ``"stand-in byte-level BPE, N tokens"``."""
     import random
     import sys
@@ -103,6 +104,8 @@ def write_stand_in_tokenizer(folder: Path, vocab: int, *, max_bytes: int = 250_0
     from tileinfer.models.tokenizer import train_on
 
     folder = Path(folder)
+    vocab = min(vocab, STAND_IN_MAX_VOCAB)
+    max_bytes = max_bytes or min(2_000 * vocab, 250_000_000)
     if not (folder / "tokenizer.json").is_file():
         roots = {Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")}
         files = sorted({f for root in roots if root.is_dir() for f in root.rglob("*.py")})
@@ -120,7 +123,7 @@ def write_stand_in_tokenizer(folder: Path, vocab: int, *, max_bytes: int = 250_0
                     return
                 yield text
 
-        info = train_on(texts(), folder, vocab=min(vocab, STAND_IN_MAX_VOCAB), min_frequency=0)
+        info = train_on(texts(), folder, vocab=vocab, min_frequency=0)
         print(f"stand-in tokenizer: {info['vocab_size']} tokens in {info['seconds']} s -> {folder}", file=sys.stderr,
               flush=True)
     tokens = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))

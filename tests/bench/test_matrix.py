@@ -122,3 +122,26 @@ def test_a_part_is_complete_when_every_row_of_its_shape_is_there():
     assert ("hf-torchao-int8", "decode128_ctx8192") not in expected
     assert len(expected) == 4 * (1 + len(matrix.GRAPH_CHAIN) + len(matrix.REST) + len(matrix.BF16_PEERS)) + 2 * 4
     assert matrix.expected("tiny") == set()
+
+
+def test_a_schema_workload_on_random_weights_runs_with_a_stand_in_tokenizer(tmp_path):
+    """The JSON-schema decode needs a tokenizer, which a random checkpoint lacks: the run writes a
+    stand-in of the shape's vocabulary size, records it, and decodes under the grammar (the
+    engine's stats: a sequential loop; with n-gram drafts, the speculative one), beside the
+    unconstrained row."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU smoke")
+    out = tmp_path / "records.jsonl"
+    assert bench(["matrix", "--shape", "tiny", "--seconds", "0", "--checkpoints", str(tmp_path / "ckpt"),
+                  "--records", str(out), "--commit", "abc1234", "--variant", "default", "--variant", "ngram",
+                  "--workload", "decode128_ctx1024", "--workload", "decode128_json_ctx1024"]) == 0
+    got = {(r["variant"], r["workload"]): r for r in records.load(out)}
+    assert len(got) == 4 and all(r["value"] and r["value"] > 0 for r in got.values()), got
+    for variant in ("default", "ngram"):
+        schema = got[(variant, "decode128_json_ctx1024")]
+        assert schema["tokenizer"].startswith("stand-in byte-level BPE, ") and schema["tokens_per_step"] >= 1
+        assert "tokenizer" not in got[(variant, "decode128_ctx1024")]
+    assert got[("default", "decode128_json_ctx1024")]["decode_loop"] == "sequential"
+    assert got[("ngram", "decode128_json_ctx1024")]["decode_loop"].startswith("speculative")
+    vocab = int(got[("default", "decode128_json_ctx1024")]["tokenizer"].rsplit(", ", 1)[1].split()[0])
+    assert 259 < vocab <= 512  # the tiny shape's vocabulary: bytes, specials and merges
