@@ -6,6 +6,13 @@ backends/triton/linear.py.
 Arithmetic of the int8 form (the kernels'): int8 -> the activation dtype is exact (|q| <= 128), so
 ``x q^T`` is a float32-accumulated matmul of exact operands; the float32 per-channel scale
 multiplies the float32 accumulator, and the product is rounded once to the output dtype.
+
+Int8 weight layouts (``int8_layout``, :data:`INT8_LAYOUTS`): ``rows``, the ``[N, K]`` rows as
+nn.Linear holds them; ``fragments``, each row's groups of 64 columns in the order a thread's
+register fragments of the tensor cores read them (:func:`pack_fragments`: the 16 bytes of one
+thread of a 16-column MMA step's fragment, k 2t, 2t+1, 2t+8, 2t+9 of each of the group's four
+steps, contiguous), so that the GEMM reads a thread's weights with 16-byte loads and no shuffles.
+Same values: this twin unpacks (:func:`unpack_fragments`) and computes as for rows.
 """
 
 from __future__ import annotations
@@ -26,6 +33,27 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+INT8_LAYOUTS = ("rows", "fragments")
+FRAGMENT_K = 64  # columns of one group of the fragments layout (four 16-column MMA steps)
+
+
+def pack_fragments(q: torch.Tensor) -> torch.Tensor:
+    """int8 rows ``[N, K]`` (K a multiple of :data:`FRAGMENT_K`) -> the same ``[N, K]`` bytes with each
+    row's groups of 64 columns reordered: byte ``16 t + 4 s + 2 h + l`` of a group holds column ``16 s +
+    8 h + 2 t + l`` (t, s < 4; h, l < 2), i.e. the 16 bytes of thread t's fragment (k pairs ``2t, 2t+1``
+    and ``2t+8, 2t+9`` of 16-column steps s = 0..3) are contiguous, in the order the fragment holds them."""
+    n, k = q.shape
+    assert k % FRAGMENT_K == 0, f"the fragments layout takes K a multiple of {FRAGMENT_K}, got {k}"
+    return q.reshape(n, k // FRAGMENT_K, 4, 2, 4, 2).permute(0, 1, 4, 2, 3, 5).reshape(n, k).contiguous()
+
+
+def unpack_fragments(p: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_fragments`: the rows ``[N, K]``."""
+    n, k = p.shape
+    assert k % FRAGMENT_K == 0, f"the fragments layout takes K a multiple of {FRAGMENT_K}, got {k}"
+    return p.reshape(n, k // FRAGMENT_K, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(n, k).contiguous()
+
+
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``q * scale[:, None]`` computed in float32, returned in ``dtype``."""
     return (q.float() * scale[:, None]).to(dtype)
@@ -42,7 +70,7 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype) -> tor
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, out_dtype: torch.dtype | None = None,
-           swiglu: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+           swiglu: bool = False, residual: torch.Tensor | None = None, int8_layout: str = "rows") -> torch.Tensor:
     """``y = x W^T`` (+ SwiGLU, + residual) in ``out_dtype`` (default x's dtype; float32 for the
     lm_head logits: accumulated and written in float32, never rounded through x's dtype).
 
@@ -51,7 +79,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, 
     - ``swiglu``: ``w`` (and ``scale``) hold the fused ``[gate; up]`` rows; returns ``[T, N / 2]`` =
       ``silu(gate) * up`` of the two halves, each rounded to ``out_dtype`` first (silu_mul.py).
     - ``residual`` ``[T, N or N / 2]``: ``round(y + residual)`` (add.py).
+    - ``int8_layout``: the int8 ``w``'s byte order, ``rows`` or ``fragments`` (:func:`pack_fragments`).
     """
+    assert int8_layout in INT8_LAYOUTS, f"int8_layout is one of {', '.join(INT8_LAYOUTS)}, got {int8_layout!r}"
+    assert int8_layout == "rows" or scale is not None, "the fragments layout is for int8 weights"
+    if int8_layout == "fragments":
+        w = unpack_fragments(w)
     out_dtype = out_dtype or x.dtype
     if scale is None:
         y = matmul(x, w, out_dtype)
@@ -63,4 +96,5 @@ def linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, 
     return y if residual is None else add(y, residual)
 
 
-__all__ = ["dequantize_int8", "linear", "matmul", "quantize_int8"]
+__all__ = ["FRAGMENT_K", "INT8_LAYOUTS", "dequantize_int8", "linear", "matmul", "pack_fragments", "quantize_int8",
+           "unpack_fragments"]

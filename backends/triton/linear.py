@@ -26,6 +26,7 @@ from tileinfer.backends.triton.interpreter import interpreted, sms_of
 from tileinfer.backends.triton.linear_gemm import launch_gemm
 from tileinfer.backends.triton.linear_gemm_persistent import launch_gemm_persistent, tma_ok
 from tileinfer.backends.triton.linear_gemv import launch_gemv
+from tileinfer.backends.triton.linear_layout import check_layout
 from tileinfer.backends.triton.linear_tiles import GemmConfig, GemvConfig, counters_needed, gemm_config, gemv_config
 from tileinfer.backends.triton.pdl import use_pdl
 
@@ -47,6 +48,7 @@ def linear(
     config: GemvConfig | GemmConfig | None = None,
     pdl: bool = False,
     counters: torch.Tensor | None = None,
+    int8_layout: str = "rows",
 ) -> torch.Tensor:
     """``y = x W^T (+ residual)`` with float32 accumulation and SwiGLU / residual epilogues.
 
@@ -75,6 +77,9 @@ def linear(
       with ``fused_reduce``: one per column block, ``counters_needed`` for the rule's; a persistent
       split tail: one per split tile); every launch leaves them at zero, so launches on one stream
       may share them. None: made for the call where needed.
+    - ``int8_layout``: the int8 ``w``'s byte order (linear_layout.py): ``rows``, or ``fragments``
+      (``pack_fragments`` of the rows: K and the tiles' block_k multiples of 64). The GEMMs give the
+      same bits either way; the GEMV sums the same products in another order.
     """
     assert x.dim() == 2 and w.dim() == 2, f"x must be [T, K] and w [N, K], got {tuple(x.shape)}, {tuple(w.shape)}"
     T, K = x.shape
@@ -99,15 +104,17 @@ def linear(
     dot_f32 = interpreted(x.device)
     assert not (dot_f32 and scale is not None and cfg.int8_convert == "permute"), (
         "int8_convert='permute' is inline PTX: it runs on a GPU, not under the interpreter")
+    frag = check_layout(int8_layout, scale is not None, K, cfg.block_k)
     if T <= SMALL_STEP_MAX_TOKENS:
         assert isinstance(cfg, GemvConfig), f"T <= {SMALL_STEP_MAX_TOKENS} takes a GemvConfig, got {cfg}"
-        launch_gemv(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, use_pdl(pdl, x.device), counters)
+        launch_gemv(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, use_pdl(pdl, x.device), counters,
+                    frag)
     else:
         assert isinstance(cfg, GemmConfig), f"T > {SMALL_STEP_MAX_TOKENS} takes a GemmConfig, got {cfg}"
         if cfg.persistent:
-            launch_gemm_persistent(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, counters)
+            launch_gemm_persistent(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, counters, frag)
         else:
-            launch_gemm(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32)
+            launch_gemm(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, frag)
     return out
 
 

@@ -12,7 +12,8 @@ converts the int8 weight tile in registers to the activation dtype (exact: :func
 The converted tile reaches the tensor cores through registers rather than staged by the copy
 engine like the model-dtype operands, so ``swap_ab`` computes the tile transposed (``w x^T``): the
 converted weight is then the dot's first operand, which Hopper's tensor cores read from registers,
-while x is staged in shared memory by the pipeliner.
+while x is staged in shared memory by the pipeliner. ``FRAG``: the int8 weight in the ``fragments``
+layout (linear_layout.py), each tile put back in column order after its load: the same sums.
 
 Fusions. SwiGLU: the program of output tile (m, n) computes the gate tile at weight rows n and the
 up tile at rows I + n in the same K loop with the same code, rounds each to the output dtype as the
@@ -30,7 +31,17 @@ import triton
 import triton.language as tl
 
 from tileinfer.backends.triton.device_functions import dot_chunk, load_chunk, round_to, silu_mul_f32, store_tile
+from tileinfer.backends.triton.linear_layout import rows_of_fragments
 from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemmConfig
+
+
+@triton.jit
+def _weights(ptrs, k0, offs_k, K, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, FRAG: tl.constexpr):
+    """A weight chunk in column order (FRAG: loaded as stored in the ``fragments`` layout)."""
+    b = load_chunk(ptrs, k0, offs_k, K, EVEN_K)
+    if FRAG:
+        b = rows_of_fragments(b, BLOCK_K)
+    return b
 
 
 @triton.jit
@@ -38,7 +49,7 @@ def _gemm_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, r_ptr, M, N, K, I_OFF, stride_xm, stride_wn, stride_ym, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
-    INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr,
+    INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr, FRAG: tl.constexpr,
 ):
     """One BLOCK_M x BLOCK_N tile of y = x w^T (INT8: ``(x q^T) * scale``; N = output columns, I when
     SWIGLU, whose program also computes the matching up tile at weight rows I_OFF + n); RESIDUAL adds
@@ -68,9 +79,10 @@ def _gemm_kernel(
     for kb in range(0, tl.cdiv(K, BLOCK_K)):
         k0 = kb * BLOCK_K
         a = load_chunk(a_ptrs, k0, offs_k, K, EVEN_K)
-        acc = dot_chunk(a, load_chunk(b_ptrs, k0, offs_k, K, EVEN_K), acc, DOT_F32, INT8, BITS, SWAP_AB)
+        acc = dot_chunk(a, _weights(b_ptrs, k0, offs_k, K, EVEN_K, BLOCK_K, FRAG), acc, DOT_F32, INT8, BITS, SWAP_AB)
         if SWIGLU:
-            acc_u = dot_chunk(a, load_chunk(u_ptrs, k0, offs_k, K, EVEN_K), acc_u, DOT_F32, INT8, BITS, SWAP_AB)
+            acc_u = dot_chunk(a, _weights(u_ptrs, k0, offs_k, K, EVEN_K, BLOCK_K, FRAG), acc_u, DOT_F32, INT8, BITS,
+                              SWAP_AB)
     if SWAP_AB:
         acc = tl.trans(acc)
         if SWIGLU:
@@ -101,11 +113,11 @@ class KernelLaunch(NamedTuple):
 
 def gemm_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                 residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
-                dot_f32: bool) -> KernelLaunch:
+                dot_f32: bool, frag: bool = False) -> KernelLaunch:
     """The GEMM of ``linear`` (T > 16) on checked arguments: the launch of ``_gemm_kernel`` with the
     non-persistent ``cfg``. ``scale``: the int8 weight's row scales (None: ``w`` in x's dtype);
     ``i_off``: the first up row of a SwiGLU weight (else 0); ``dot_f32``: float32 dot operands (the
-    interpreter)."""
+    interpreter); ``frag``: the int8 weight in the ``fragments`` layout."""
     assert not cfg.persistent, f"the persistent kernel launches through linear_gemm_persistent.py: {cfg}"
     M, K = x.shape
     r = residual if residual is not None else out
@@ -115,15 +127,15 @@ def gemm_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
     return KernelLaunch(_gemm_kernel, grid, args, dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWIGLU=swiglu,
         DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, RESIDUAL=residual is not None, INT8=scale is not None,
-        BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        enable_fp_fusion=True))
+        BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab, FRAG=frag, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, enable_fp_fusion=True))
 
 
 def launch_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                 residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
-                dot_f32: bool) -> None:
+                dot_f32: bool, frag: bool = False) -> None:
     """Runs :func:`gemm_launch`'s launch."""
-    gemm_launch(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32)()
+    gemm_launch(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, frag)()
 
 
 __all__ = ["KernelLaunch", "gemm_launch", "launch_gemm"]

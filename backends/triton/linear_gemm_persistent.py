@@ -10,7 +10,8 @@ and weight tiles arrive through host-built TMA descriptors, zero-filled past the
 where the tensors allow them (16-byte aligned bases and row strides: :func:`tma_ok`); else the
 same code loads them through pointers (cp.async, staged by the pipeliner). The interpreter runs
 the descriptors too. The W8A16 form loads the int8 weight tile as is (half the bytes of BF16 in
-shared memory), converts it in registers after the shared-memory load (:func:`int8_to`),
+shared memory), converts it in registers after the shared-memory load (:func:`int8_to`; a weight in
+the ``fragments`` layout, ``FRAG``, put back in column order first: linear_layout.py),
 accumulates in float32 and applies the row scales in the epilogue; ``swap_ab`` computes the tile
 transposed (``q x^T``) as linear_gemm.py does.
 
@@ -52,6 +53,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from tileinfer.backends.triton.device_functions import dot_chunk, load_chunk, round_to, silu_mul_f32, store_tile
 from tileinfer.backends.triton.interpreter import sms_of
 from tileinfer.backends.triton.linear_gemm import KernelLaunch
+from tileinfer.backends.triton.linear_layout import rows_of_fragments
 from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemmConfig, balance
 
 
@@ -77,7 +79,7 @@ def _swizzled(tile, rows, num_pid_n, GROUP_M: tl.constexpr):
 def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, stride_wn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
               EVEN_K: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr,
-              TMA: tl.constexpr, WS: tl.constexpr):
+              TMA: tl.constexpr, WS: tl.constexpr, FRAG: tl.constexpr):
     """float32 sums over the K chunks [kb_lo, kb_hi) of x rows ``m0..`` times weight rows ``w_off +
     (n0.. mod N)``: ``[BLOCK_M, BLOCK_N]``, or ``[BLOCK_N, BLOCK_M]`` with SWAP_AB. WS: the loop
     warp-specialized (loads and MMAs in partitions of their own)."""
@@ -99,6 +101,8 @@ def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, str
         else:
             a = load_chunk(a_ptrs, k0, offs_k, K, EVEN_K)
             b = load_chunk(b_ptrs, k0, offs_k, K, EVEN_K)
+        if FRAG:
+            b = rows_of_fragments(b, BLOCK_K)
         acc = dot_chunk(a, b, acc, DOT_F32, INT8, BITS, SWAP_AB)
     if SWAP_AB:
         acc = tl.trans(acc)
@@ -123,7 +127,7 @@ def _gemm_persistent_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
     INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr, TMA: tl.constexpr,
-    FLATTEN: tl.constexpr, SPLIT: tl.constexpr, SPLITS: tl.constexpr, WS: tl.constexpr,
+    FLATTEN: tl.constexpr, SPLIT: tl.constexpr, SPLITS: tl.constexpr, WS: tl.constexpr, FRAG: tl.constexpr,
 ):
     """y = x w^T (W8A16: ``(x q^T) * scale``) on N output columns (I when SWIGLU: gate rows n, up
     rows I_OFF + n), RESIDUAL adding ``r``. Whole tiles: row blocks [0, DP_ROWS); with SPLIT the
@@ -163,7 +167,7 @@ def _gemm_persistent_kernel(
             kb_hi = tl.where(is_dp, k_tiles, tl.minimum(kb_lo + KB_PER_SPLIT, k_tiles))
         w_off = half * I_OFF
         acc = _tile_sum(x_ptr, w_ptr, M, N, K, pid_m * BLOCK_M, pid_n * BLOCK_N, w_off, kb_lo, kb_hi, stride_xm,
-                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32, EVEN_K, INT8, BITS, SWAP_AB, TMA, WS)
+                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32, EVEN_K, INT8, BITS, SWAP_AB, TMA, WS, FRAG)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if INT8:
@@ -222,9 +226,9 @@ def _split_unit(acc, p_ptr, c_ptr, y_ptr, r_ptr, offs_m, offs_n, M, N, I_OFF, w_
 
 def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                       residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
-                      dot_f32: bool, counters: torch.Tensor | None) -> KernelLaunch:
+                      dot_f32: bool, counters: torch.Tensor | None, frag: bool = False) -> KernelLaunch:
     """The persistent GEMM's launch on checked arguments: ``w`` ``[N_w, K]`` in x's dtype, or int8
-    with ``scale`` float32 ``[N_w]``; ``cfg`` with ``persistent``. A split tail uses a float32
+    with ``scale`` float32 ``[N_w]`` (``frag``: in the ``fragments`` layout); ``cfg`` with ``persistent``. A split tail uses a float32
     workspace and ``counters`` (int32 zeros, one per split tile: :func:`split_tiles`; made for the
     call where None)."""
     M, K = x.shape
@@ -261,15 +265,15 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
     return KernelLaunch(_gemm_persistent_kernel, (programs,), args, dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32,
         EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab,
-        TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits, WS=cfg.warp_specialize and tma,
+        TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits, WS=cfg.warp_specialize and tma, FRAG=frag,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True))
 
 
 def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                            residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
-                           dot_f32: bool, counters: torch.Tensor | None) -> None:
+                           dot_f32: bool, counters: torch.Tensor | None, frag: bool = False) -> None:
     """Runs :func:`persistent_launch`'s launch."""
-    persistent_launch(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, counters)()
+    persistent_launch(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, counters, frag)()
 
 
 def split_tiles(M: int, n_out: int, cfg: GemmConfig) -> int:

@@ -18,7 +18,9 @@ Weight formats (``INT8``): weights in the model dtype, or int8 rows (16 weights 
 where the model dtype has 8, so BLOCK_K is twice as long for the same bytes) converted exactly in
 registers (:func:`int8_to`, on the bit patterns, not the I2F instruction: 16 results per clock and
 SM on sm_90, fewer than a memory-bound GEMV streams), the float32 accumulator multiplied by the
-row scales before the epilogues.
+row scales before the epilogues. Int8 rows in the ``fragments`` layout (``FRAG``, linear_layout.py)
+are multiplied as stored, by the activation chunk put in their order (:func:`in_fragment_order`:
+the same products, summed in another order than for ``rows``).
 
 Split-K. Layers whose grid would leave SMs idle (at T >= 2: o_proj and down, N = hidden) split K
 across SPLIT_K programs writing float32 partials ``[SPLIT_K, T, N]`` (scaled, for int8);
@@ -51,6 +53,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, int8_to, launch_dependents_then_wait,
                                                         prefetch_l2, round_to, silu_mul_f32)
+from tileinfer.backends.triton.linear_layout import in_fragment_order
 from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemvConfig
 from tileinfer.backends.triton.interpreter import interpreting
 from tileinfer.backends.triton.pdl import launch_options
@@ -87,9 +90,13 @@ def _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT: tl.constexpr, EVEN_K: tl.con
 
 
 @triton.jit
-def _accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr):
+def _accumulate(acc, w, x, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr,
+                FRAG: tl.constexpr = False):
     """A chunk's products added to ``acc``: tl.dot (:func:`dot_chunk`), or on CUDA cores (T = 1;
-    int8: each thread's 16 contiguous products summed first)."""
+    int8: each thread's 16 contiguous products summed first). FRAG: ``w`` in the ``fragments``
+    layout, ``x`` put in its order."""
+    if FRAG:
+        x = in_fragment_order(x, w.shape[1])
     if USE_DOT:
         acc = dot_chunk(x, w, acc, DOT_F32, INT8, BITS, False)
     elif INT8:
@@ -105,11 +112,12 @@ def gemv_rows(
     x_ptr, w_ptr, s_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr,
-    PREFETCH: tl.constexpr = False, row0=0, n_rows=0,
+    PREFETCH: tl.constexpr = False, row0=0, n_rows=0, FRAG: tl.constexpr = False,
 ):
     """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi) (never empty), times
     the row scales ``s[rows]`` where INT8: [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1
-    path). ``rows`` must be valid row indices (no row mask). PREFETCH: the ``n_rows`` rows from
+    path). ``rows`` must be valid row indices (no row mask). FRAG: int8 weights in the ``fragments``
+    layout. PREFETCH: the ``n_rows`` rows from
     ``row0`` over the K range asked of the L2 first (rows and K of a multiple of 16 bytes). The first chunk is peeled: its weight
     load is issued before the grid dependency wait (``PDL``), so it overlaps the tail of the kernel
     before; the activations, which that kernel may have written, are read after it. The order of
@@ -133,12 +141,12 @@ def gemv_rows(
     if PDL:
         gdc_wait()
     x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
-    acc = _accumulate(acc, w, x, USE_DOT, DOT_F32, INT8, BITS)
+    acc = _accumulate(acc, w, x, USE_DOT, DOT_F32, INT8, BITS, FRAG)
     for kb in range(kb_lo + 1, kb_hi):
         k0 = kb * BLOCK_K
         w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
         x = _load_x(x_ptrs, k0, offs_k, K, t_mask, USE_DOT, EVEN_K)
-        acc = _accumulate(acc, w, x, USE_DOT, DOT_F32, INT8, BITS)
+        acc = _accumulate(acc, w, x, USE_DOT, DOT_F32, INT8, BITS, FRAG)
     if not USE_DOT:
         acc = tl.sum(acc, axis=1)
     if INT8:
@@ -175,7 +183,7 @@ def _gemv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, RESIDUAL: tl.constexpr, FUSED_REDUCE: tl.constexpr, LATE_LAUNCH: tl.constexpr,
-    INT8: tl.constexpr, BITS: tl.constexpr, PREFETCH: tl.constexpr,
+    INT8: tl.constexpr, BITS: tl.constexpr, PREFETCH: tl.constexpr, FRAG: tl.constexpr,
 ):
     """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
     program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). RESIDUAL: ``r[t,
@@ -183,7 +191,7 @@ def _gemv_kernel(
     SWIGLU): y holds the partials, and the last split's program of each column block writes ``o``
     (``reduce_if_last``). LATE_LAUNCH (with PDL): the next kernel may launch once every program
     finished its K loop. INT8: int8 weights with float32 row scales ``s`` (BITS: the conversion on
-    bit patterns)."""
+    bit patterns; FRAG: in the ``fragments`` layout)."""
     if PDL:
         if not LATE_LAUNCH:
             gdc_launch_dependents()
@@ -195,12 +203,12 @@ def _gemv_kernel(
     rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
     n_rows = tl.minimum(BLOCK_N, N - pid_n * BLOCK_N)
     acc = gemv_rows(x_ptr, w_ptr, s_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, BLOCK_T, BLOCK_N, BLOCK_K,
-                    USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, PREFETCH, pid_n * BLOCK_N, n_rows)
+                    USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, PREFETCH, pid_n * BLOCK_N, n_rows, FRAG)
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
         acc_u = gemv_rows(x_ptr, w_ptr, s_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, BLOCK_T,
                           BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, PREFETCH,
-                          pid_n * BLOCK_N + I_OFF, n_rows)
+                          pid_n * BLOCK_N + I_OFF, n_rows, FRAG)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
     if PDL:
         if LATE_LAUNCH:
@@ -301,13 +309,14 @@ def rows_prefetchable(w: torch.Tensor) -> bool:
 
 def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                 residual: torch.Tensor | None, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool,
-                pdl: bool, counters: torch.Tensor | None) -> None:
+                pdl: bool, counters: torch.Tensor | None, frag: bool = False) -> None:
     """The GEMV of ``linear`` (T <= 16) on checked arguments: ``_gemv_kernel`` alone, or with split
     K its float32 partials over all weight rows then ``_splitk_reduce_kernel``, which applies the
     epilogues (or, with the config's ``fused_reduce`` and no SwiGLU, the sum in the last split's
     program, counting on ``counters``). ``scale``: the int8 weight's row scales (None: ``w`` in
     x's dtype); ``i_off``: the first up row of a SwiGLU weight (else 0); ``dot_f32``: float32 dot
-    operands (the interpreter); ``pdl``: granted."""
+    operands (the interpreter); ``pdl``: granted; ``frag``: the int8 weight in the ``fragments``
+    layout."""
     T, K = x.shape
     n_w = w.shape[0]
     int8 = scale is not None
@@ -320,7 +329,7 @@ def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
                   LATE_LAUNCH=cfg.late_launch, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert],
-                  PREFETCH=cfg.l2_prefetch and rows_prefetchable(w),
+                  PREFETCH=cfg.l2_prefetch and rows_prefetchable(w), FRAG=frag,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True, **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)

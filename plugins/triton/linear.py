@@ -10,6 +10,11 @@ epilogues with the arithmetic of the per-op kernels, on the tiles of the per-op 
 ``matmul=torch`` swaps the Triton GEMV/GEMM for the reference twin (torch's matmul, cuBLAS; int8
 weights converted to the model dtype first, then the scale), the baseline the Triton GEMV is
 measured against.
+
+``int8_layout``: int8 weights kept as rows, or reordered once here into the ``fragments`` layout
+(backends/triton/linear_layout.py), the one copy that every call reads (GEMM, GEMV, the twin of
+``matmul=torch``). A layer in ``fragments`` has no ``weight`` attribute (its ``packed`` holds the
+bytes), so that a reader of int8 rows (the persistent step) finds none and says so.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import dataclasses
 
 import torch
 
+from tileinfer.backends.reference.linear import FRAGMENT_K, pack_fragments
 from tileinfer.backends.reference.linear import linear as torch_linear
 from tileinfer.backends.triton.add import add
 from tileinfer.backends.triton.linear import layer_counters, linear, rule_config
@@ -47,6 +53,10 @@ class TritonLinear(Linear):
                choices=("bits", "permute", "cast")),
         Option("l2_prefetch", bool, False, "each GEMV program asks the L2 for its whole weight tile before its "
                "loads and its PDL wait (bulk prefetches, sm_90 GPUs; the same bits)"),
+        Option("int8_layout", str, "rows", "how int8 weights are stored, reordered once at load: rows, or fragments "
+               "(each row's 64-column groups in the order the tensor cores' register fragments read them: 16-byte "
+               "loads in the prefill GEMM, the same bits there; the GEMV sums in another order)",
+               choices=("rows", "fragments")),
     )
 
     @classmethod
@@ -55,6 +65,9 @@ class TritonLinear(Linear):
         if run.options["int8_convert"] == "permute" and run.device.type != "cuda":
             reasons.append(f"options.triton.int8_convert=permute is inline PTX: it needs a CUDA GPU, and device is "
                            f"{run.device.type}")
+        if run.options["int8_layout"] == "fragments" and run.quantize != "int8":
+            reasons.append(f"options.triton.int8_layout=fragments is a layout of int8 weights, and quantize is "
+                           f"{run.quantize}: set quantize=int8")
         if run.options["matmul"] == "torch" and run.options["fuse_epilogue"]:
             reasons.append("options.triton.matmul=torch runs the SwiGLU and residual add as kernels of their own: "
                            "set options.triton.fuse_epilogue=false")
@@ -64,9 +77,22 @@ class TritonLinear(Linear):
                  options=None) -> None:
         super().__init__(weight, epilogue=epilogue, out_dtype=out_dtype, quantize=quantize, norm=norm,
                          options=options)
-        self.weight, self.scale = WEIGHT_FORMATS[quantize](weight)  # int8 [rows, in] and float32 [rows] scales
+        stored, self.scale = WEIGHT_FORMATS[quantize](weight)  # int8 [rows, in] and float32 [rows] scales
+        self.int8_layout = self.options["int8_layout"] if self.scale is not None else "rows"
+        if self.int8_layout == "fragments":
+            if stored.shape[1] % FRAGMENT_K:
+                raise ValueError(f"options.triton.int8_layout=fragments takes in_features a multiple of {FRAGMENT_K}, "
+                                 f"and this layer has {stored.shape[1]}")
+            self.packed = pack_fragments(stored)
+        else:
+            self.weight = stored
         self.pdl = self.options["pdl"] and pdl_supported(weight.device)
-        self.counters = layer_counters(self.weight, self.scale)  # the GEMVs' split-K counters, 0 between launches
+        self.counters = layer_counters(self._stored, self.scale)  # the GEMVs' split-K counters, 0 between launches
+
+    @property
+    def _stored(self) -> torch.Tensor:
+        """The weight as ``linear`` reads it: ``weight`` (model dtype or int8 rows) or ``packed``."""
+        return self.packed if self.int8_layout == "fragments" else self.weight
 
     def _config(self, x: torch.Tensor, swiglu: bool):
         """The rule's tiles with ``options.triton.int8_convert`` for int8 weights and
@@ -75,7 +101,7 @@ class TritonLinear(Linear):
         convert = self.options["int8_convert"] if self.scale is not None else "bits"
         if convert == "bits" and not self.options["l2_prefetch"]:
             return None
-        cfg = rule_config(x, self.weight, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
+        cfg = rule_config(x, self._stored, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
         changes = {"int8_convert": convert} if convert != "bits" else {}
         if self.options["l2_prefetch"] and isinstance(cfg, GemvConfig):
             changes["l2_prefetch"] = True
@@ -85,16 +111,16 @@ class TritonLinear(Linear):
         o, swiglu = self.options, self.epilogue == "swiglu"
         if self.norm is not None:
             x = rms_norm(x, self.norm.weight, self.norm.eps, pdl=self.pdl)
+        w, layout = self._stored, self.int8_layout
         if o["matmul"] == "torch":
-            y = torch_linear(x, self.weight, self.scale, out_dtype=self.out_dtype)
+            y = torch_linear(x, w, self.scale, out_dtype=self.out_dtype, int8_layout=layout)
         elif o["fuse_epilogue"]:
-            return linear(x, self.weight, self.scale, out_dtype=self.out_dtype, swiglu=swiglu, residual=residual,
-                          pdl=self.pdl, counters=self.counters, config=self._config(x, swiglu))
+            return linear(x, w, self.scale, out_dtype=self.out_dtype, swiglu=swiglu, residual=residual,
+                          pdl=self.pdl, counters=self.counters, config=self._config(x, swiglu), int8_layout=layout)
         else:  # the fused call's tiles, so that the chain below gives its bits
-            config = self._config(x, swiglu) or rule_config(x, self.weight, self.scale, swiglu=swiglu,
-                                                            out_dtype=self.out_dtype)
-            y = linear(x, self.weight, self.scale, out_dtype=self.out_dtype, config=config, pdl=self.pdl,
-                       counters=self.counters)
+            config = self._config(x, swiglu) or rule_config(x, w, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
+            y = linear(x, w, self.scale, out_dtype=self.out_dtype, config=config, pdl=self.pdl,
+                       counters=self.counters, int8_layout=layout)
         if swiglu:
             y = silu_mul(y, pdl=self.pdl)
         return y if residual is None else add(y, residual, pdl=self.pdl)

@@ -79,19 +79,21 @@ for T in (1, 16):
         for bits, pdl, swiglu in ((True, True, False), (False, False, False), (True, True, True)):
             consts = dict(BLOCK_T=G.GEMV_BLOCK_T if T > 1 else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                           USE_DOT=T > 1, SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, PDL=pdl, RESIDUAL=False,
-                          FUSED_REDUCE=False, LATE_LAUNCH=cfg.late_launch, INT8=True, BITS=bits)
+                          FUSED_REDUCE=False, LATE_LAUNCH=cfg.late_launch, INT8=True, BITS=bits,
+                          FRAG=False)
             ptx = compile_ptx(G._gemv_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
             out.append(describe("gemv", ptx, T=T, shape=[n, k], bits=bits, pdl=pdl, plain=not swiglu))
 bcfg = gemv_config(151936, 2560, 1)
 consts = dict(BLOCK_T=1, BLOCK_N=bcfg.block_n, BLOCK_K=bcfg.block_k, USE_DOT=False, SWIGLU=False, DOT_F32=False,
               EVEN_K=True, PDL=True, RESIDUAL=False, FUSED_REDUCE=False, LATE_LAUNCH=bcfg.late_launch, INT8=False,
-              BITS=True)
+              BITS=True, FRAG=False)
 out.append(describe("bf16_gemv", compile_ptx(G._gemv_kernel, consts, {"lock_ptr": "*i32"}, bcfg.num_warps,
                                              bcfg.num_stages)))
 for swiglu, swap in ((False, False), (True, True)):  # each epilogue, each operand order
     cfg = gemm_config(1024, 19456, 2560, int8=True)
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                  SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, RESIDUAL=not swiglu, INT8=True, BITS=True, SWAP_AB=swap)
+                  SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, RESIDUAL=not swiglu, INT8=True, BITS=True, SWAP_AB=swap,
+                  FRAG=False)
     ptx = compile_ptx(M._gemm_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
     out.append(describe("gemm", ptx, bits=True, pdl=False, swap=swap))
 print(json.dumps(out))
@@ -129,7 +131,7 @@ def compile_variant(name, bm, bn, bk, warps, stages, int8=False, swap=False, tma
         types |= {"x_ptr": f"tensordesc<bf16[{bm}, {bk}]>", "w_ptr": f"tensordesc<{w_ty}[{bn}, {bk}]>"}
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SWIGLU=swiglu, DOT_F32=False, EVEN_K=True,
                   RESIDUAL=residual, INT8=int8, BITS=True, SWAP_AB=swap, TMA=tma, FLATTEN=flatten, SPLIT=split,
-                  SPLITS=4 if split else 1, WS=False)
+                  SPLITS=4 if split else 1, WS=False, FRAG=False)
     sig = {n: "constexpr" if n in consts else types.get(n, "*bf16" if n.endswith("_ptr") else "i32") for n in names}
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride_") or n in ("N", "K")]
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},
