@@ -1,6 +1,6 @@
 """The prefill GEMM (backends/triton/linear_gemm.py, linear_gemm_persistent.py) as Triton and ptxas
 build it for an H100/H200 (sm_90), on any machine: no GPU, no run. ``python -m bench gemm-build
-[--shape S] [--layer L] [--tokens T] [--int8] [KEY=VALUE ...]`` takes the tiles the rule gives that
+[--shape S] [--layer L] [--tokens T] [--int8 [--int8-layout fragments]] [KEY=VALUE ...]`` takes the tiles the rule gives that
 layer at T tokens on a 132-SM Hopper with TMA (``gemm_config``; KEY=VALUE: a field of
 ``GemmConfig`` replacing the rule's), with the layer's epilogue as the engine calls it (qkv plain,
 o_proj and down adding the residual, gate_up with SwiGLU, the lm_head's float32 logits), builds the
@@ -38,9 +38,9 @@ GROUPS = {
 }
 
 
-def layer_launch(shape: str, layer: str, tokens: int, int8: bool, overrides: dict):
+def layer_launch(shape: str, layer: str, tokens: int, int8: bool, overrides: dict, frag: bool = False):
     """``(config, launch)``: the rule's tiles (with ``overrides``) and the launch of ``linear`` for
-    that layer on ``meta`` tensors."""
+    that layer on ``meta`` tensors (``frag``: int8 weights in the ``fragments`` layout)."""
     import torch
 
     from tileinfer.backends.triton.linear_gemm import gemm_launch
@@ -61,8 +61,8 @@ def layer_launch(shape: str, layer: str, tokens: int, int8: bool, overrides: dic
     r = torch.empty(tokens, n_out, dtype=torch.bfloat16, **meta) if residual else None
     i_off = n_out if swiglu else 0
     if cfg.persistent:
-        return cfg, persistent_launch(x, w, scale, out, r, cfg, n_out, i_off, swiglu, False, None)
-    return cfg, gemm_launch(x, w, scale, out, r, cfg, n_out, i_off, swiglu, False)
+        return cfg, persistent_launch(x, w, scale, out, r, cfg, n_out, i_off, swiglu, False, None, frag)
+    return cfg, gemm_launch(x, w, scale, out, r, cfg, n_out, i_off, swiglu, False, frag)
 
 
 def grouped(ops: dict[str, int]) -> dict[str, dict[str, int]]:
@@ -101,12 +101,14 @@ def inspect_build(build: sm90_build.Build) -> dict:
 
 
 def compile_gemm(shape: str = "Qwen3-4B", layer: str = "down", tokens: int = 1024, *, int8: bool = False,
-                 **overrides) -> dict:
-    """Build the layer's GEMM for sm_90 (``overrides``: ``GemmConfig`` fields) and read what it takes."""
-    cfg, launch = layer_launch(shape, layer, tokens, int8, overrides)
+                 int8_layout: str = "rows", **overrides) -> dict:
+    """Build the layer's GEMM for sm_90 (``overrides``: ``GemmConfig`` fields; ``int8_layout``: the
+    int8 weight's, rows or fragments) and read what it takes."""
+    assert int8_layout == "rows" or int8, "int8_layout is a layout of int8 weights"
+    cfg, launch = layer_launch(shape, layer, tokens, int8, overrides, int8_layout == "fragments")
     result = inspect_build(sm90_build.compile_launch(launch.kernel, launch.args, launch.kwargs))
     return dict(shape=shape, layer=layer, T=tokens, int8=int8, overrides=overrides, config=cfg.__dict__,
-                kernel=launch.kernel.__name__, **result)
+                kernel=launch.kernel.__name__, **({"int8_layout": int8_layout} if int8 else {}), **result)
 
 
 def option(text: str) -> tuple[str, object]:
@@ -141,6 +143,8 @@ def arguments(p) -> None:
     p.add_argument("--layer", choices=LAYERS, default="down", help="the linear (default down)")
     p.add_argument("--tokens", type=int, default=1024, help="T, > 16 (default 1024)")
     p.add_argument("--int8", action="store_true", help="int8 weights with float32 row scales (W8A16)")
+    p.add_argument("--int8-layout", choices=("rows", "fragments"), default="rows",
+                   help="the int8 weight's layout (default rows; fragments: backends/triton/linear_layout.py)")
     p.add_argument("options", nargs="*", type=option, metavar="KEY=VALUE", help="a GemmConfig field")
     records.arguments(p)
 
@@ -149,13 +153,18 @@ def main(args) -> int:
     if args.tokens <= 16:
         print("error: the GEMM runs at T > 16 (T <= 16 takes the GEMV)")
         return 2
-    result = compile_gemm(args.shape, args.layer, args.tokens, int8=args.int8, **dict(args.options))
+    if args.int8_layout != "rows" and not args.int8:
+        print("error: --int8-layout is for --int8 weights")
+        return 2
+    result = compile_gemm(args.shape, args.layer, args.tokens, int8=args.int8, int8_layout=args.int8_layout,
+                          **dict(args.options))
     run = records.Run("cpu", commit=args.commit, path=args.records)
     run.add("gemm_build", **result)
     c = result["config"]
     tiles = f"{c['block_m']}x{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']}" + "".join(
         f" {k}" for k in ("persistent", "tma", "flatten", "swap_ab", "warp_specialize") if c[k])
-    print(f"{result['shape']} {result['layer']} T={result['T']} {'int8' if result['int8'] else 'bf16'} weights, "
+    fmt = f"int8 ({args.int8_layout})" if result["int8"] else "bf16"
+    print(f"{result['shape']} {result['layer']} T={result['T']} {fmt} weights, "
           f"{result['kernel']} {tiles}: {result['registers']} registers, spills {result['spill_stores']} / "
           f"{result['spill_loads']} bytes, {result['shared_bytes']} bytes of shared memory, {result['warps']} warps "
           f"launched ({result['requested_warps']} asked; warp-specialized {result['warp_specialized']}"

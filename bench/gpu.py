@@ -58,6 +58,14 @@ CHECKS = {
                     "--variant", "int8+options.triton.int8_convert=cast", "--tokens", "1,16"]),
              (240, ["steps", "--variant", "default", "--variant", "int8-kv", "--variant", "int8-int8-kv",
                     "--contexts", "32768", "--tokens", "1,16"])],
+    # int8 weights in the fragments layout against rows and BF16: every Qwen3-4B layer at prefill T = 64..1,024 (the
+    # rule's tile with bits and, as a sweep row, with permute) and the GEMVs; then the engine's decode step
+    "int8_layout": [(300, ["kernels", "linear", "--models", "Qwen3-4B", "--formats", "bf16,int8,int8f", "--tokens",
+                           "1,16,64,256,1024", "--sweep", "--sweep-filter", "permute", "--repeats", "10"]),
+                    (240, ["steps", "--variant", "default", "--variant", "int8",
+                           "--variant", "int8+options.triton.int8_layout=fragments",
+                           "--variant", "int8+options.triton.int8_layout=fragments+options.triton.int8_convert=permute",
+                           "--tokens", "1,16"])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
                (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
@@ -69,7 +77,7 @@ CHECKS = {
                          "--prefill-tiles", "rule,128x128,128x128+tma,ws128x128", "--repeats", "20"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7}
+           "attention": 7, "int8_layout": 10}
 
 
 def run_steps(steps: list[tuple[float, list[str]]], budget: float, extra: list[str], env: dict | None = None,

@@ -257,6 +257,8 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
     tma = cfg.tma and tma_ok(x, w)
     # Triton 3.6's Hopper warp specialization builds an empty kernel (one EXIT) of the SwiGLU form
     assert not (cfg.warp_specialize and swiglu), f"warp_specialize is not for the fused SwiGLU: {cfg}"
+    # and fails (its data partition meets the reshape and permute) on a weight tile put back in column order
+    assert not (cfg.warp_specialize and frag), f"warp_specialize does not build with int8_layout='fragments': {cfg}"
     x_arg = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk]) if tma else x
     w_arg = TensorDescriptor(w, [n_w, K], [w.stride(0), 1], [bn, bk]) if tma else w
     int8 = scale is not None

@@ -1,10 +1,11 @@
 """The Triton linear (backends/triton/linear.py) for both weight formats against cuBLAS at the Qwen3 layer shapes, on one GPU.
 
-    python -m bench kernels linear [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--formats bf16,int8]
+    python -m bench kernels linear [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--formats bf16,int8,int8f]
         [--layers qkv,...] [--sweep [--sweep-filter WORD]] [--eager] [--decode-step] [--repeats N] [--records FILE]
 
 Per layer (default). For each format (``bf16``: bf16 weights; ``int8``: random int8 rows over
-[-128, 127] with float32 row scales), each layer's weight ([N, K], q/k/v and gate/up fused as the
+[-128, 127] with float32 row scales; ``int8f``: the same in the ``fragments`` layout,
+backends/triton/linear_layout.py, where the sweep has no warp-specialized tile), each layer's weight ([N, K], q/k/v and gate/up fused as the
 engine loads them) and each T: checks the Triton ``linear`` against the twin (backends/reference/
 linear.py) and prints the max error, then times, with bench/timing.py, a CUDA graph of one call per
 weight copy, rotating among enough copies (>= 256 MB in all) that no weight is in the 60 MB L2,
@@ -47,8 +48,10 @@ from .. import records
 from ..shapes import SHAPES
 from ..timing import copy_bandwidth, graph_seconds, median_seconds
 from . import ROTATION_BYTES, common_arguments, gpu_visible, name_list
+from .linear_peers import gemlite_a16w8, gemlite_row
 
-FORMATS = ("bf16", "int8")
+FORMATS = ("bf16", "int8", "int8f")
+LAYOUT = {"bf16": "rows", "int8": "rows", "int8f": "fragments"}  # the int8 weight's layout of each format
 LAYERS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 GEMLITE_TOKENS = (1, 16)  # the step sizes gemlite's A16W8 is timed at (decode, a 16-token verify step)
 # Persistent GEMM candidates for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, options);
@@ -67,6 +70,7 @@ PERSISTENT_TILES = {
              (128, 128, 64, 4, 3, "tma swap ws"), (128, 128, 64, 4, 4, "tma swap ws"),
              (128, 128, 128, 4, 3, "tma swap ws"), (128, 128, 64, 4, 3, "tma ws")],
 }
+PERSISTENT_TILES["int8f"] = [c for c in PERSISTENT_TILES["int8"] if "ws" not in c[5]]  # ws does not build with it
 GEMV_TILES = {  # (BLOCK_N, BLOCK_K, num_warps, num_stages) swept at T = 1 and at T = 2..16
     (1, "bf16"): [(16, 512, 4, 1), (8, 512, 4, 1), (8, 512, 2, 1), (4, 512, 2, 1), (4, 512, 1, 1), (16, 256, 4, 1),
                   (8, 256, 2, 1), (8, 1024, 4, 1), (16, 1024, 8, 1), (4, 1024, 4, 1)],
@@ -84,7 +88,7 @@ def arguments(p) -> None:
     p.description, p.epilog = __doc__.split("\n\n")[0], __doc__.split("\n\n", 1)[1]
     common_arguments(p, None, "1,4,16,1024; with --decode-step 1,4,16")
     p.add_argument("--formats", type=name_list(FORMATS, "weight format"), default=list(FORMATS),
-                   help="weight formats: bf16, int8 (default both)")
+                   help="weight formats: bf16, int8, int8f (int8 in the fragments layout; default all)")
     p.add_argument("--layers", type=name_list(LAYERS, "layer"), default=list(LAYERS),
                    help="comma-separated layers (default all: " + ",".join(LAYERS) + ")")
     p.add_argument("--sweep", action="store_true", help="also time alternative tiles (per-layer mode)")
@@ -103,11 +107,16 @@ def layer_shapes(model: str) -> dict[str, tuple[int, int]]:
 
 
 def weight(fmt: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(w, scale)``: bf16 ~ N(0, 1/K) (scale None), or int8 over [-128, 127] with row scales."""
+    """``(w, scale)``: bf16 ~ N(0, 1/K) (scale None), or int8 over [-128, 127] with row scales (int8f:
+    packed in the fragments layout)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     if fmt == "bf16":
         return (torch.randn(n, k, generator=g, device="cuda") / k**0.5).to(torch.bfloat16), None
     q = torch.randint(-128, 128, (n, k), generator=g, device="cuda", dtype=torch.int8)
+    if fmt == "int8f":
+        from tileinfer.backends.reference.linear import pack_fragments
+
+        q = pack_fragments(q)
     return q, (torch.rand(n, generator=g, device="cuda") + 0.5) / (k * 5461.5) ** 0.5
 
 
@@ -126,7 +135,7 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = Fal
     from tileinfer.backends.triton.linear_tiles import (GEMM_TILES, GemmConfig, GemvConfig, gemm_config, gemv_config,
                                                         gemv_split_k, split_plan)
 
-    int8 = fmt == "int8"
+    int8 = fmt != "bf16"
     if t > 16:
         rule = gemm_config(t, n, k, sms, int8=int8)
         if int8:
@@ -149,7 +158,7 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = Fal
     if int8:
         for convert in ("cast", "permute"):
             yield GemvConfig(**{**gemv_config(n, k, t, sms, int8=True).__dict__, "int8_convert": convert})
-    for bn, bk, w, s in GEMV_TILES[(min(t, 2), fmt)]:
+    for bn, bk, w, s in GEMV_TILES[(min(t, 2), "int8" if int8 else fmt)]:
         bk = min(bk, max(16, 2 ** math.ceil(math.log2(k))))
         rule = gemv_split_k(n, k, bn, bk, sms)
         for split in sorted({1, rule, min(2 * rule, -(-k // bk))}):
@@ -194,44 +203,16 @@ def print_best(rows: list[dict], best: int = 3) -> None:
         print(f"{'':>42} sweep: {len(rows) - len(timed)} configs failed (their errors are in the record)")
 
 
-def gemlite_a16w8():
-    """``(build, what)``: ``build(q, scale)`` makes gemlite's A16W8 linear from an int8 weight ``q``
-    ``[N, K]`` and its float32 scales ``[N]``, ``what`` gemlite's version; or ``(None, why)`` where
-    gemlite does not import."""
-    try:
-        import gemlite
-        from gemlite.helper import A16W8_INT8
-    except Exception as exc:  # noqa: BLE001 - any import failure is recorded as the reason
-        return None, f"gemlite does not import ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})"
-
-    def build(q: torch.Tensor, scale: torch.Tensor):
-        return A16W8_INT8(device=str(q.device), dtype=torch.bfloat16).from_weights(weight=q, scales=scale[:, None])
-
-    return build, f"gemlite {gemlite.__version__}"
-
-
-def gemlite_row(layers: list | str, x: torch.Tensor, expected: torch.Tensor, repeats: int) -> dict:
-    """gemlite's time per call over the rotated weight copies ``layers`` and its max error against
-    the twin's ``expected``; ``gemlite_error`` instead where it was not built (``layers`` is then the
-    reason) or failed."""
-    if isinstance(layers, str):
-        return {"gemlite_error": layers}
-    try:
-        err = (layers[0](x).float() - expected.float()).abs().max().item()
-        return {"gemlite_us": rotated_seconds(lambda g: g(x), layers, repeats) * 1e6, "gemlite_max_abs_err": err}
-    except Exception as e:  # noqa: BLE001 - a peer kernel that fails is reported, the sweep goes on
-        return {"gemlite_error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"}
-
-
 def layer_rows(args, run, fmt: str, model: str, layer: str, n: int, k: int, bandwidth: float, sms: int) -> None:
     """The records of one weight (every T, with and without SwiGLU) in ``fmt``."""
     from tileinfer.backends.reference.linear import linear as ref_linear
     from tileinfer.backends.triton.linear import linear, rule_config
     from tileinfer.backends.triton.linear_tiles import gemm_config
 
-    copies = max(2, math.ceil(ROTATION_BYTES / (n * k * (1 if fmt == "int8" else 2))))
+    int8, layout = fmt != "bf16", LAYOUT[fmt]
+    copies = max(2, math.ceil(ROTATION_BYTES / (n * k * (1 if int8 else 2))))
     weights = [weight(fmt, n, k, seed) for seed in range(copies)]
-    bf16 = [(as_bf16(w), None) for w in weights[:max(2, copies // (2 if fmt == "int8" else 1))]]
+    bf16 = [(as_bf16(w), None) for w in weights[:max(2, copies // (2 if int8 else 1))]]
     out_dtype = torch.float32 if layer == "lm_head" else torch.bfloat16
     peers: list | str | None = None
     for swiglu, name in [(False, layer)] + ([(True, "gate_up+swiglu")] if layer == "gate_up" else []):
@@ -239,26 +220,27 @@ def layer_rows(args, run, fmt: str, model: str, layer: str, n: int, k: int, band
             x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
 
             def triton_fn(w, cfg=None, x=x, swiglu=swiglu):
-                return linear(x, *w, out_dtype=out_dtype, swiglu=swiglu, config=cfg)
+                return linear(x, *w, out_dtype=out_dtype, swiglu=swiglu, config=cfg,
+                              int8_layout=layout if w[1] is not None else "rows")
 
             def cublas_fn(w, x=x, swiglu=swiglu):
                 return ref_linear(x, w[0], out_dtype=out_dtype, swiglu=swiglu)
 
-            expected = ref_linear(x, *weights[0], out_dtype=out_dtype, swiglu=swiglu)
+            expected = ref_linear(x, *weights[0], out_dtype=out_dtype, swiglu=swiglu, int8_layout=layout)
             err = (triton_fn(weights[0]).float() - expected.float()).abs().max().item()
             cfg = rule_config(x, *weights[0], swiglu=swiglu, out_dtype=out_dtype)
             us = {"triton_us": rotated_seconds(triton_fn, weights, args.repeats),
                   "cublas_us": rotated_seconds(cublas_fn, bf16, args.repeats),
-                  "bf16_triton_us": rotated_seconds(triton_fn, bf16, args.repeats) if fmt == "int8" else None,
+                  "bf16_triton_us": rotated_seconds(triton_fn, bf16, args.repeats) if int8 else None,
                   "tiled_us": None, "triton_eager_us": None}
             if t > 16 and cfg.persistent:
-                tiled = gemm_config(t, n, k, sms, int8=fmt == "int8", swiglu=swiglu)
+                tiled = gemm_config(t, n, k, sms, int8=int8, swiglu=swiglu)
                 us["tiled_us"] = rotated_seconds(lambda w: triton_fn(w, tiled), weights, args.repeats)
             if args.eager:
                 us["triton_eager_us"] = median_seconds(lambda: [triton_fn(w) for w in weights], "cuda") / len(weights)
             us = {key: None if v is None else v * 1e6 for key, v in us.items()}
             n_out = n // 2 if swiglu else n
-            moved = n * k * (1 if fmt == "int8" else 2) + (4 * n if fmt == "int8" else 0) + 2 * t * k \
+            moved = n * k * (1 if int8 else 2) + (4 * n if int8 else 0) + 2 * t * k \
                 + t * n_out * out_dtype.itemsize
             seconds = us["triton_us"] / 1e6
             rec = dict(format=fmt, model=model, layer=name, N=n, K=k, T=t, swiglu=swiglu, sms=sms,
@@ -300,9 +282,10 @@ def per_layer(args, run, bandwidth: float, sms: int) -> None:
         print(f"GEMV median fraction of copy bandwidth: {statistics.median(r['copy_fraction'] for r in gemv):.1%}")
 
 
-def step_fn(layers, lm_head, dims, x, kind: str):
+def step_fn(layers, lm_head, dims, x, kind: str, layout: str = "rows"):
     """One decode step's projections on x [T, hidden] (norms, SwiGLU, residual adds) -> the logits:
-    ``cublas`` the twins, ``per-op`` / ``fused`` the Triton kernels with PDL (the fused call's tiles)."""
+    ``cublas`` the twins, ``per-op`` / ``fused`` the Triton kernels with PDL (the fused call's tiles);
+    ``layout``: the int8 weights' layout."""
     from tileinfer.backends.reference.linear import linear as ref_linear
     from tileinfer.backends.reference.rms_norm import rms_norm as ref_rms_norm
     from tileinfer.backends.triton.add import add
@@ -313,12 +296,12 @@ def step_fn(layers, lm_head, dims, x, kind: str):
     def lin(a, w, norm=None, swiglu=False, residual=None, out_dtype=None):
         if kind == "cublas":
             a = a if norm is None else ref_rms_norm(a, norm, 1e-6)
-            return ref_linear(a, *w, out_dtype=out_dtype, swiglu=swiglu, residual=residual)
+            return ref_linear(a, *w, out_dtype=out_dtype, swiglu=swiglu, residual=residual, int8_layout=layout)
         a = a if norm is None else rms_norm(a, norm, 1e-6, pdl=True)
         if kind == "fused":
-            return linear(a, *w, out_dtype=out_dtype, swiglu=swiglu, residual=residual, pdl=True)
+            return linear(a, *w, out_dtype=out_dtype, swiglu=swiglu, residual=residual, pdl=True, int8_layout=layout)
         cfg = rule_config(a, *w, swiglu=swiglu, out_dtype=out_dtype)
-        y = linear(a, *w, out_dtype=out_dtype, config=cfg, pdl=True)
+        y = linear(a, *w, out_dtype=out_dtype, config=cfg, pdl=True, int8_layout=layout)
         y = silu_mul(y, pdl=True) if swiglu else y
         return y if residual is None else add(y, residual, pdl=True)
 
@@ -349,7 +332,7 @@ def decode_step(args, run, bandwidth: float) -> None:
             for t in args.tokens:
                 x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
                 kinds = ("cublas", "per-op", "fused") if fmt == "bf16" else ("per-op", "fused")
-                fns = {kind: step_fn(layers, lm_head, dims, x, kind) for kind in kinds}
+                fns = {kind: step_fn(layers, lm_head, dims, x, kind, LAYOUT[fmt]) for kind in kinds}
                 chain = fns["per-op"]().clone()
                 assert torch.equal(fns["fused"](), chain), f"{fmt} fused differs from per-op"
                 for kind, fn in fns.items():

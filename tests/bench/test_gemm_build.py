@@ -98,3 +98,20 @@ def test_options_are_typed_gemm_config_fields():
     for bad in ("nonsense=1", "block_n", "tma=yes"):
         with pytest.raises(ValueError):
             option(bad)
+
+
+@pytest.mark.parametrize("layout,lds", [("rows", "LDS.U16"), ("fragments", "LDS.128")])
+def test_the_fragments_layout_reads_a_thread_s_weights_16_bytes_at_a_time(tmp_path, layout, lds):
+    """The rule's W8A16 tile at qkv: on rows each thread reads its fragment 2 bytes at a time (16
+    LDS.U16 a K step), on ``fragments`` 16 at a time (2 LDS.128), with fewer instructions a step."""
+    out = tmp_path / "records.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "bench", "gemm-build", "--layer", "qkv", "--int8", "--int8-layout",
+                           layout, "--records", str(out)], capture_output=True, text=True, env=no_interpreter(),
+                          cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    (loop,) = record["main_loops"]
+    assert record["int8_layout"] == layout and f"int8 ({layout})" in proc.stdout
+    loads = loop["groups"]["shared_loads"]
+    assert loads[lds] == (16 if layout == "rows" else 2) and ("LDS.U16" in loads) == (layout == "rows"), loads
+    assert loop["instructions"] < 215 if layout == "fragments" else loop["instructions"] > 225, loop["instructions"]
