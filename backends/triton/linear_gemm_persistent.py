@@ -228,9 +228,9 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
                       residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
                       dot_f32: bool, counters: torch.Tensor | None, frag: bool = False) -> KernelLaunch:
     """The persistent GEMM's launch on checked arguments: ``w`` ``[N_w, K]`` in x's dtype, or int8
-    with ``scale`` float32 ``[N_w]`` (``frag``: in the ``fragments`` layout); ``cfg`` with ``persistent``. A split tail uses a float32
-    workspace and ``counters`` (int32 zeros, one per split tile: :func:`split_tiles`; made for the
-    call where None)."""
+    with ``scale`` float32 ``[N_w]`` (``frag``: in the ``fragments`` layout); ``cfg`` with
+    ``persistent``. A split tail uses a float32 workspace and ``counters`` (int32 zeros, one per split
+    tile: :func:`split_tiles`; made for the call where None)."""
     M, K = x.shape
     n_w = w.shape[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
