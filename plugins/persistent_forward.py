@@ -102,6 +102,9 @@ class PersistentForward(ForwardPass):
         if group & (group - 1):
             return f"{group} query heads per kv head is not a power of two"
         linears = [lin for layer in layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        layouts = {getattr(lin, "int8_layout", "rows") for lin in linears + [model.lm_head]} - {"rows"}
+        if layouts:
+            return f"options.triton.int8_layout={layouts.pop()}: the persistent step reads int8 weights in rows"
         if any(not hasattr(lin, "weight") or not hasattr(lin, "scale") for lin in linears + [model.lm_head]):
             return "the linear implementation keeps no weight and scale it can read"
         formats = {(lin.weight.dtype, lin.scale is None) for lin in linears}

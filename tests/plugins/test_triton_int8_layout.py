@@ -90,7 +90,7 @@ def test_the_persistent_step_names_why_it_runs_the_per_op_step(checkpoint_factor
     e = engine(int8_layout="fragments")
     with caplog.at_level(logging.WARNING, logger="tileinfer"):
         fwd = PersistentForward(e.model, options={"block_n": "64,64,64,64,64", "block_k": 64})
-    assert fwd.reason == "the linear implementation keeps no weight and scale it can read"
+    assert fwd.reason == "options.triton.int8_layout=fragments: the persistent step reads int8 weights in rows"
     assert "those steps run the per-op step" in caplog.text
     prompt = torch.tensor([17, 4, 99, 250, 3])
     rows = engine()
