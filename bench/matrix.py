@@ -35,7 +35,7 @@ from .shapes import CHECKPOINTS, SHAPES, cpu_refusal, decode_roofline_tok_s, def
 from .shapes import write_random_checkpoint, write_stand_in_tokenizer
 from .timing import measure_limits
 from .workloads import (ALL_NAMES, NAMES, QUANTIZED, VARIANTS, EngineRunner, Workload, engine_args, failure,
-                        free_memory, groups, measure, resolve, workloads)
+                        free_memory, groups, known_variant, measure, resolve, variant_items, workloads)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ def arguments(p, names: str = "default: every variant, and every peer with --pee
     p.add_argument("--shape", action="append", default=[], choices=sorted(SHAPES),
                    help="random-weight shape (repeatable; default Qwen3-0.6B and Qwen3-4B on a GPU, tiny on a CPU)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME",
-                   help=f"a variant ({', '.join(VARIANTS)}) or a peer ({', '.join(peers_mod.PEERS)}); repeatable; "
+                   help=f"a variant ({', '.join(VARIANTS)}; VARIANT+KEY=VALUE+...: with config overrides, recorded "
+                        f"under that name) or a peer ({', '.join(peers_mod.PEERS)}); repeatable; "
                         + names)
     p.add_argument("--workload", action="append", default=[], choices=ALL_NAMES,
                    help="repeatable; default: the four of the matrix (prefill8192 and prefill32768, time to first "
@@ -107,7 +108,7 @@ def main(args) -> int:
             workloads_ = "" if part.workloads == NAMES else " | " + " ".join(part.workloads)
             print(f"{name} {part.shape} default {' '.join(part.names)}{workloads_}")
         return 0
-    unknown = [v for v in args.variant if v not in VARIANTS and v not in peers_mod.PEERS]
+    unknown = [v for v in args.variant if not known_variant(v) and v not in peers_mod.PEERS]
     if unknown:
         print(f"error: unknown variant {unknown[0]!r}; valid: {', '.join([*VARIANTS, *peers_mod.PEERS])}",
               file=sys.stderr)
@@ -210,7 +211,7 @@ def row(*, shape: str, workload: Workload, mc: ModelConfig, name: str, part: str
            "value": value, "unit": workload.unit, "samples": measurement.samples if measurement else [], "note": note,
            "roofline_tok_s": None, "roofline_fraction": None, "tflops": None, "peak_fraction": None,
            "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens, "kv_capacity": kv_capacity,
-           "config": VARIANTS.get(variant) if variant else None, "part": part, **limits,
+           "config": variant_items(variant) if variant else None, "part": part, **limits,
            **({"tokenizer": tokenizer} if tokenizer and workload.schema else {}), **(decode or {})}
     if value is None:
         return out

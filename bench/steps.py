@@ -205,8 +205,7 @@ def main(args) -> int:
     for shape, folder in folders:
         step1 = {}  # (variant, context) -> its 1-token step, what the variant's loop ratios divide by
         for variant in variants:
-            base, *sets = variant.split("+")  # VARIANT+KEY=VALUE+...: an option tried without a new variant
-            runner = EngineRunner(folder, *engine_args(base, sets), max(args.contexts) + max(args.tokens))
+            runner = EngineRunner(folder, *engine_args(variant), max(args.contexts) + max(args.tokens))
             engine, mc, layout = runner.engine, runner.engine.model_config, runner.layout()
             try:
                 for n in args.contexts:
@@ -233,10 +232,9 @@ def main(args) -> int:
             finally:
                 runner.close()
         for variant in variants:
-            base, *sets = variant.split("+")
             for name, k in args.loop:
                 capacity = max(args.contexts) + (args.repeats + 12) * (MAX_LOOP_K + 1)
-                runner = EngineRunner(folder, *engine_args(base, [*sets, f"proposer={name}", f"spec_k={k}"]), capacity)
+                runner = EngineRunner(folder, *engine_args(variant, [f"proposer={name}", f"spec_k={k}"]), capacity)
                 try:
                     for n in args.contexts:
                         ms, plain = loop_step_ms(runner.engine, k, n, args.repeats), step1[variant, n]

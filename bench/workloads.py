@@ -98,10 +98,24 @@ def split(items: Sequence[str]) -> tuple[list[str], list[str]]:
     return [i for i in items if "=" not in i], [i for i in items if "=" in i]
 
 
+def variant_items(name: str) -> list[str]:
+    """The config items of a variant, or of ``VARIANT+KEY=VALUE+...`` (an option tried on a variant
+    without a new one: its items, then those overrides)."""
+    base, *sets = name.split("+")
+    return [*VARIANTS[base], *sets]
+
+
+def known_variant(name: str) -> bool:
+    """``name`` is a variant or ``VARIANT+KEY=VALUE+...`` of one."""
+    base, *sets = name.split("+")
+    return base in VARIANTS and all("=" in s for s in sets)
+
+
 def engine_args(name: str, extra: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """``(sources, overrides)`` for ``Engine.from_config(*sources, overrides=overrides)``: the
-    variant's items, then ``extra`` overrides of the harness (device, kv_capacity)."""
-    sources, overrides = split(VARIANTS[name])
+    items of the variant (or ``VARIANT+KEY=VALUE+...``), then ``extra`` overrides of the harness
+    (device, kv_capacity)."""
+    sources, overrides = split(variant_items(name))
     return sources, [*overrides, *extra]
 
 

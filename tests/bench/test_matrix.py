@@ -81,6 +81,28 @@ def test_an_unknown_variant_is_a_one_line_error(capsys):
     assert capsys.readouterr().err.startswith("error: unknown variant 'no-such-variant'; valid: default, ")
 
 
+@pytest.mark.parametrize("bad", ["no-such+temperature=0", "default+temperature"])
+def test_a_variant_with_overrides_must_name_a_variant_and_key_values(capsys, bad):
+    assert bench(["matrix", "--variant", bad]) == 2
+    assert capsys.readouterr().err.startswith(f"error: unknown variant {bad!r}")
+
+
+def test_a_variant_with_overrides_runs_and_records_them(tmp_path):
+    """``VARIANT+KEY=VALUE``: the variant's config with the overrides, recorded under that name; an
+    override the config refuses is the row's reason."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU smoke")
+    out = tmp_path / "records.jsonl"
+    tried = ["eager+prefill_chunk=8", "eager+options.triton.no_such_option=1"]
+    assert bench(["matrix", "--shape", "tiny", "--seconds", "0", "--checkpoints", str(tmp_path / "ckpt"),
+                  "--records", str(out), "--commit", "abc1234", "--new-tokens", str(NEW_TOKENS),
+                  "--workload", "decode128_ctx1024", *(a for v in tried for a in ("--variant", v))]) == 0
+    got = {r["variant"]: r for r in records.load(out)}
+    ok, refused = got[tried[0]], got[tried[1]]
+    assert ok["value"] > 0 and ok["config"] == [*VARIANTS["eager"], "prefill_chunk=8"]
+    assert refused["value"] is None and refused["note"].startswith("skipped: ") and "no_such_option" in refused["note"]
+
+
 def test_fewer_than_two_new_tokens_is_a_usage_error(capsys):
     """A decode figure times the tokens after the first: ``--new-tokens`` takes 2 or more."""
     for bad in ("1", "0", "x"):
