@@ -66,6 +66,19 @@ CHECKS = {
                            "--variant", "int8+options.triton.int8_layout=fragments",
                            "--variant", "int8+options.triton.int8_layout=fragments+options.triton.int8_convert=permute",
                            "--tokens", "1,16"])],
+    # issue 31's target: decoding under a JSON schema against unconstrained, plain and with n-gram drafts (random
+    # weights with a stand-in tokenizer of Qwen3's size; then the shipped model, whose n-gram drafts are real)
+    "json": [(300, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "ngram", "--workload",
+                    "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"]),
+             (150, ["matrix", "--model", "models/target", "--variant", "default", "--variant", "ngram", "--workload",
+                    "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"])],
+    # the weights asked of the L2 before each wait: the per-op GEMV (before its PDL wait) and the persistent step
+    "prefetch": [(330, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", "--variant",
+                        "default", "--variant", "default+options.triton.l2_prefetch=true", "--variant", "persistent",
+                        "--variant", "persistent+options.persistent.l2_prefetch=true"]),
+                 (200, ["steps", "--shape", "Qwen3-0.6B", "--contexts", "1024", "--tokens", "1,16", "--variant",
+                        "default", "--variant", "default+options.triton.l2_prefetch=true", "--variant", "persistent",
+                        "--variant", "persistent+options.persistent.l2_prefetch=true"])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
                (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
@@ -77,7 +90,7 @@ CHECKS = {
                          "--prefill-tiles", "rule,128x128,128x128+tma,ws128x128", "--repeats", "20"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10}
+           "attention": 7, "int8_layout": 10, "json": 8, "prefetch": 10}
 
 
 def run_steps(steps: list[tuple[float, list[str]]], budget: float, extra: list[str], env: dict | None = None,
