@@ -62,7 +62,9 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
     fit = sm90_build.programs_per_sm(regs, build.warps, shared)
     memory = {op: n for op, n in sm90_build.opcodes(build.sass).items()
               if op.split(".")[0] in ("LDG", "STG", "LDGSTS", "UTMALDG")}
+    prefetches = sum(n for op, n in sm90_build.opcodes(build.sass).items() if op.startswith("UBLKPF"))
     return {"shape": shape, "int8": int8, "kv_int8": kv_int8, "options": options, "registers": regs,
+            "l2_prefetches": prefetches,
             "spill_stores": spill_stores, "spill_loads": spill_loads, "shared_bytes": shared,
             "programs_per_sm": fit, "global_memory": dict(sorted(memory.items()))}
 

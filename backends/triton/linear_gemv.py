@@ -112,15 +112,13 @@ def gemv_rows(
     x_ptr, w_ptr, s_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn,
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr,
-    PREFETCH: tl.constexpr = False, row0=0, n_rows=0, FRAG: tl.constexpr = False,
+    FRAG: tl.constexpr = False,
 ):
     """float32 sums of x[t, k] * w[rows, k] over the K chunks [kb_lo, kb_hi) (never empty), times
     the row scales ``s[rows]`` where INT8: [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1
     path). ``rows`` must be valid row indices (no row mask). FRAG: int8 weights in the ``fragments``
-    layout. PREFETCH: the ``n_rows`` rows from
-    ``row0`` over the K range asked of the L2 first (rows and K of a multiple of 16 bytes). The first chunk is peeled: its weight
-    load is issued before the grid dependency wait (``PDL``), so it overlaps the tail of the kernel
-    before; the activations, which that kernel may have written, are read after it. The order of
+    layout. The first chunk is peeled: its weight load is issued before the grid dependency wait
+    (``PDL``), so it overlaps the tail of the kernel before; the activations, which that kernel may have written, are read after it. The order of
     the sums is the same either way."""
     offs_k = tl.arange(0, BLOCK_K)
     offs_t = tl.arange(0, BLOCK_T)
@@ -133,10 +131,6 @@ def gemv_rows(
         x_ptrs = x_ptr + offs_k
         acc = tl.zeros((BLOCK_N, BLOCK_K // 16 if INT8 else BLOCK_K), dtype=tl.float32)
     k0 = kb_lo * BLOCK_K
-    if PREFETCH:
-        ELT: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        for r in range(row0, row0 + n_rows):
-            prefetch_l2(w_ptr + r.to(tl.int64) * stride_wn + k0, (tl.minimum(kb_hi * BLOCK_K, K) - k0) * ELT)
     w = _load_w(w_ptrs, k0, offs_k, K, EVEN_K)
     if PDL:
         gdc_wait()
@@ -155,6 +149,15 @@ def gemv_rows(
             s = s[None, :]
         acc = acc * s
     return acc
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, row0, n_rows, stride_wn, k0, k1):
+    """Rows ``row0 .. row0 + n_rows`` of ``w`` over columns ``[k0, k1)`` asked of the L2
+    (:func:`prefetch_l2`; rows and columns of a multiple of 16 bytes)."""
+    ELT: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    for r in range(row0, row0 + n_rows):
+        prefetch_l2(w_ptr + r.to(tl.int64) * stride_wn + k0, (k1 - k0) * ELT)
 
 
 @triton.jit
@@ -201,14 +204,18 @@ def _gemv_kernel(
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
-    n_rows = tl.minimum(BLOCK_N, N - pid_n * BLOCK_N)
+    if PREFETCH:  # the program's rows over its K range (gate and up) asked of the L2 before any wait
+        n_rows = tl.minimum(BLOCK_N, N - pid_n * BLOCK_N)
+        k_end = tl.minimum(kb_hi * BLOCK_K, K)
+        _prefetch_rows(w_ptr, pid_n * BLOCK_N, n_rows, stride_wn, kb_lo * BLOCK_K, k_end)
+        if SWIGLU:
+            _prefetch_rows(w_ptr, pid_n * BLOCK_N + I_OFF, n_rows, stride_wn, kb_lo * BLOCK_K, k_end)
     acc = gemv_rows(x_ptr, w_ptr, s_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, BLOCK_T, BLOCK_N, BLOCK_K,
-                    USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, PREFETCH, pid_n * BLOCK_N, n_rows, FRAG)
+                    USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, FRAG)
     out_ty = y_ptr.dtype.element_ty
     if SWIGLU:
         acc_u = gemv_rows(x_ptr, w_ptr, s_ptr, rows + I_OFF, T, K, kb_lo, kb_hi, stride_xt, stride_wn, BLOCK_T,
-                          BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, PREFETCH,
-                          pid_n * BLOCK_N + I_OFF, n_rows, FRAG)
+                          BLOCK_N, BLOCK_K, USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, FRAG)
         acc = silu_mul_f32(round_to(acc, out_ty), round_to(acc_u, out_ty))
     if PDL:
         if LATE_LAUNCH:
