@@ -1,9 +1,10 @@
 """bench/kv_layout_toy.py on the CPU: every page layout's kernel gives the slot-major kernel's attention
 (and the float32 attention of the dequantized pages) under the interpreter on a small random case,
-odd group, pages out of order, the output poisoned (NaN) before the launch; a kernel reading pages
+odd group, two splits, pages out of order, the output poisoned (NaN) before the launch; a kernel reading pages
 of another layout than its own does not (so that the check can fail); the toy builds for sm_90a
 (in a subprocess: this session imported the kernels under TRITON_INTERPRET=1), and its slot-major V
-tile is read a byte at a time where the transposed one is not."""
+tile is read a byte at a time where the transposed one is not; the ``prmt`` conversion to float16 is
+exact for every byte (its arithmetic, in torch: the interpreter runs no inline PTX)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from bench import kv_layout_toy as toy
 
 ROOT = Path(__file__).resolve().parents[2]
 HKV, GROUP, D, PAGES = 2, 3, 64, 5
-TABLE = [4, 0, 2]
+TABLE = [[4, 0], [2, 3]]  # two splits
 LAYOUTS = [(k, v) for k in toy.K_LAYOUTS for v in toy.V_LAYOUTS]
 
 
@@ -36,13 +37,14 @@ def case() -> dict:
 
 
 def reference(c: dict) -> torch.Tensor:
-    """Float32 attention of each q row over its kv head's keys of the table's pages, dequantized."""
-    out = torch.empty(HKV * GROUP, D)
-    for h in range(HKV):
-        kf = torch.cat([c["k"][p, h].float() * c["ks"][p, h, :, None] for p in TABLE])
-        vf = torch.cat([c["v"][p, h].float() * c["vs"][p, h, :, None] for p in TABLE])
-        rows = slice(h * GROUP, (h + 1) * GROUP)
-        out[rows] = torch.softmax(c["q"][rows] @ kf.T * c["scale"], -1) @ vf
+    """Float32 attention of each q row over its kv head's keys of each split's pages, dequantized."""
+    out = torch.empty(len(TABLE), HKV * GROUP, D)
+    for split, pages in enumerate(TABLE):
+        for h in range(HKV):
+            kf = torch.cat([c["k"][p, h].float() * c["ks"][p, h, :, None] for p in pages])
+            vf = torch.cat([c["v"][p, h].float() * c["vs"][p, h, :, None] for p in pages])
+            rows = slice(h * GROUP, (h + 1) * GROUP)
+            out[split, rows] = torch.softmax(c["q"][rows] @ kf.T * c["scale"], -1) @ vf
     return out
 
 
@@ -86,7 +88,7 @@ SCRIPT = f'''
 import json, sys
 sys.path.insert(0, {str(ROOT)!r})
 from bench.kv_layout_toy import build
-print(json.dumps([build(0, 0, tiles=64), build(0, 1, tiles=64)]))
+print(json.dumps([build(0, 0, tiles=64), build(0, 1, tiles=64), build(0, 1, tiles=64, convert=1)]))
 '''
 
 
@@ -94,8 +96,17 @@ def test_toy_builds_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows, columns = json.loads(proc.stdout.strip().splitlines()[-1])
-    for r in (rows, columns):
+    rows, columns, prmt = json.loads(proc.stdout.strip().splitlines()[-1])
+    for r in (rows, columns, prmt):
         assert r["hmma"] == 32 and r["spill_stores"] == 0, r
     assert rows["lds_u8"] > 0 and columns["lds_u8"] == 0, (rows, columns)
-    assert columns["instructions"] < rows["instructions"], (rows, columns)
+    assert prmt["lds_u8"] == 0 and prmt["instructions"] < columns["instructions"] < rows["instructions"], (
+        rows, columns, prmt)
+
+
+def test_prmt_conversion_is_exact_for_every_byte():
+    """What ``I8_TO_F16`` computes, in torch: the float16 of bits ``0x6400 | (x ^ 0x80)`` minus 1152 is x."""
+    x = torch.arange(-128, 128, dtype=torch.int16)
+    bits = 0x6400 | ((x ^ 0x80) & 0xFF)
+    assert torch.equal(bits.view(torch.float16) - torch.tensor(1152.0, dtype=torch.float16), x.to(torch.float16))
+    assert "0x64806480" in toy.I8_TO_F16.value and "0x5140" in toy.I8_TO_F16.value  # 1152; bytes 0, 1 of t
