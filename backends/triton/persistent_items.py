@@ -105,10 +105,12 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     STAGES stages through shared memory, after the wait. X_AHEAD: each activation chunk loaded an
     iteration ahead too. CONVERT: how int8 weights become floats
     (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). PREFETCH (a GPU only):
-    the item's whole weight tile asked of the L2 before the wait (:func:`prefetch_l2`; rows of a multiple of 16 bytes), so that
-    memory streams while the program waits. None of these changes an
-    operation or its order (the same bits with BF16 weights on an H100; with INT8 weights the
-    pipelined builds gave other last bits at the Qwen3-0.6B shape, cause not found). SPLITS > 1 (not
+    the item's whole weight tile asked of the L2 before the wait (:func:`prefetch_l2`; rows of a
+    multiple of 16 bytes), so that memory streams while the program waits. None of these changes an
+    operation; with INT8 weights the pipelined builds (STAGES > 1) give the dots' operands Triton's
+    ``kWidth`` 4 where the others have 2 (sm_90 TTGIR), which places the K elements at other
+    positions of each m16n8k16 MMA: the same products, summed by the tensor core in another order
+    (other last bits, seen at the Qwen3-0.6B shape on an H100). SPLITS > 1 (not
     with SWIGLU): this item sums the ``split``-th of SPLITS equal runs of K chunks into the float32
     scratch ``split_ptr`` (``[SPLITS, 16, N]``) and counts itself in ``tile_counter``; the tile's
     last split adds the partial sums up in split order and runs the epilogue. Returns 1 where this

@@ -98,9 +98,10 @@ def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_
 def test_how_the_chunks_are_loaded_changes_no_bit(folder, quantize, options):
     """Options that change when or how a GEMV chunk reaches the program (or how int8 weights become
     floats), not what it adds up: the same bits with BF16 weights; with INT8 weights the pipelined
-    build (``stages`` 3, the default) and the register build (1) gave other last bits at the Qwen3-0.6B shape on an H100 (2026-12-05, cause not
-    found), so there the logits are held to the per-op bound, and every build's rows stay
-    batch-invariant."""
+    build (``stages`` 3, the default) and the register build (1) gave other last bits at the
+    Qwen3-0.6B shape on an H100 (2026-12-05: the pipelined build's dot operands have Triton's
+    kWidth 4, the register build's 2, so each MMA sums its K elements in another order), so there
+    the logits are held to the per-op bound, and every build's rows stay batch-invariant."""
     e = build(folder, quantize=quantize)
     fwd = PersistentForward(e.model, options=options)
     for t in (1, 16):
