@@ -99,6 +99,7 @@ def resolve(config: Config, registry: Registry) -> ResolvedConfig:
             if reasons:
                 raise ConfigError(f"{kind}={name} cannot run here: {'; '.join(reasons)}")
             chosen[kind] = name
+    _notice_unselected_options(config, chosen, registry)
     options = {name: dict(values) for name, values in config.options.items()}
     for kind, name in chosen.items():
         cls = registry.get(kind, name) if name != "none" else None
@@ -166,6 +167,16 @@ def _check_option_names(config: Config, registry: Registry) -> None:
             raise ConfigError(f"options.{name} must be a mapping of option names to values, got {values!r}")
         declared = {option.name: option for cls in classes for option in cls.declared_options}
         check_options(name, tuple(declared.values()), values)
+
+
+def _notice_unselected_options(config: Config, chosen: dict[str, str], registry: Registry) -> None:
+    """A notice for each non-empty ``options.<name>`` whose implementation no interface selects
+    here (``linear=auto`` resolving to ``reference`` on a CPU leaves ``options.triton`` unused)."""
+    selected = set(chosen.values())
+    for name, values in config.options.items():
+        if values and name not in selected:
+            where = ", ".join(f"{kind}={chosen[kind]}" for kind in KINDS if name in registry.names(kind))
+            notice(f"options.{name} ({', '.join(values)}) has no effect: {name} is not selected here ({where})")
 
 
 def implementation_options(config: Config, kind: str, registry: Registry) -> dict[str, Any]:

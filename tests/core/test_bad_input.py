@@ -129,6 +129,24 @@ def test_bad_options_fail_before_loading(tiny_checkpoint, monkeypatch):
         engine_for(tiny_checkpoint, "linear=triton", "options.triton.matmul=torch")
 
 
+def test_options_of_an_unselected_implementation_are_a_notice(tiny_checkpoint, caplog):
+    """Options for an implementation no interface selects change nothing: the run says so."""
+    from tileinfer.config import load_config
+    from tileinfer.resolution import ResolvedConfig
+
+    def notices(*overrides: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tileinfer"):
+            ResolvedConfig.of(load_config(overrides=[*BASE, f"model={tiny_checkpoint}", *overrides]))
+        return [r.getMessage() for r in caplog.records if "has no effect" in r.getMessage()]
+
+    assert notices("options.triton.int8_convert=permute", "options.ngram.n_max=5") == [
+        "options.triton (int8_convert) has no effect: triton is not selected here "
+        "(linear=reference, attention=reference)",
+        "options.ngram (n_max) has no effect: ngram is not selected here (proposer=none)"]
+    assert notices("proposer=ngram", "options.ngram.n_max=5") == []
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint):
     return engine_for(tiny_checkpoint, "kv_capacity=64")
