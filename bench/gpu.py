@@ -22,6 +22,11 @@ LOOPS = ["--loop", "ngram@7", "--loop", "ngram@15", "--loop", "draft@3", "--loop
          "--loop", "dflash@15"]
 TTFT_NAMES = [a for name in ("default", "no-cuda-graphs", "torch-matmul", "hf-sdpa", "engine-compiled")
               for a in ("--variant", name)]
+PREFETCH_NAMES = [a for name in ("default", "default+options.triton.l2_prefetch=true", "persistent",
+                                  "persistent+options.persistent.l2_prefetch=true",
+                                  "persistent+options.persistent.schedule=dynamic",
+                                  "persistent+options.persistent.schedule=dynamic+options.persistent.l2_prefetch=true")
+                  for a in ("--variant", name)]
 # check -> (seconds at most, the command's arguments) for each step, with minutes estimated for the whole
 # check (setup, checkpoints and Triton compilation included, the machine's start not)
 CHECKS = {
@@ -72,13 +77,13 @@ CHECKS = {
                     "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"]),
              (150, ["matrix", "--model", "models/target", "--variant", "default", "--variant", "ngram", "--workload",
                     "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"])],
-    # the weights asked of the L2 before each wait: the per-op GEMV (before its PDL wait) and the persistent step
-    "prefetch": [(330, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", "--variant",
-                        "default", "--variant", "default+options.triton.l2_prefetch=true", "--variant", "persistent",
-                        "--variant", "persistent+options.persistent.l2_prefetch=true"]),
-                 (200, ["steps", "--shape", "Qwen3-0.6B", "--contexts", "1024", "--tokens", "1,16", "--variant",
-                        "default", "--variant", "default+options.triton.l2_prefetch=true", "--variant", "persistent",
-                        "--variant", "persistent+options.persistent.l2_prefetch=true"])],
+    # the weights asked of the L2 before each wait (the per-op GEMV before its PDL wait, the persistent step's items)
+    # and the persistent step's dynamic schedule, both shapes; then the shipped family's device loop over each step
+    "prefetch": [(230, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", *PREFETCH_NAMES]),
+                 (160, ["steps", "--shape", "Qwen3-0.6B", "--contexts", "1024", "--tokens", "1,16",
+                        *PREFETCH_NAMES]),
+                 (140, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
+                        "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
                (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
