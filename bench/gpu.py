@@ -27,6 +27,8 @@ PREFETCH_NAMES = [a for name in ("default", "default+options.triton.l2_prefetch=
                                   "persistent+options.persistent.schedule=dynamic",
                                   "persistent+options.persistent.schedule=dynamic+options.persistent.l2_prefetch=true")
                   for a in ("--variant", name)]
+# qkv's 384 tiles of 16 columns take two rounds of the 264 programs at 4B; of 32, one
+QKV_32 = ["--variant", "persistent+options.persistent.block_n=32,16,16,16,64"]
 # check -> (seconds at most, the command's arguments) for each step, with minutes estimated for the whole
 # check (setup, checkpoints and Triton compilation included, the machine's start not)
 CHECKS = {
@@ -79,7 +81,8 @@ CHECKS = {
                     "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"])],
     # the weights asked of the L2 before each wait (the per-op GEMV before its PDL wait, the persistent step's items)
     # and the persistent step's dynamic schedule, both shapes; then the shipped family's device loop over each step
-    "prefetch": [(230, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", *PREFETCH_NAMES]),
+    "prefetch": [(250, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", *PREFETCH_NAMES,
+                        *QKV_32]),
                  (160, ["steps", "--shape", "Qwen3-0.6B", "--contexts", "1024", "--tokens", "1,16",
                         *PREFETCH_NAMES]),
                  (140, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
