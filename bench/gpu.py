@@ -55,7 +55,6 @@ CHECKS = {
                           "--variant", "persistent+options.persistent.stages=1",
                           "--variant", "persistent+options.persistent.split_k=1",
                           "--variant", "persistent+options.persistent.l2_prefetch=true",
-                          "--variant", "persistent+options.persistent.x_ahead=true",
                           "--variant", "persistent+options.persistent.item_calls=true"
                           "+options.persistent.max_registers=128+options.persistent.programs_per_sm=4",
                           "--variant", "int8-persistent",

@@ -42,7 +42,6 @@ class PersistentForward(ForwardPass):
         Option("stages", int, 3, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
-        Option("x_ahead", bool, False, "each GEMV activation chunk loaded an iteration ahead too"),
         Option("l2_prefetch", bool, False, "each GEMV item asks the L2 for its whole weight tile before it waits "
                "for its inputs (bulk prefetches: memory streams during the waits; a GPU only, off under the "
                "interpreter)"),
@@ -208,7 +207,7 @@ class PersistentForward(ForwardPass):
         dot_f32 = interpreted(m.device)
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
-                      causal=step.causal, stages=self.options["stages"], x_ahead=self.options["x_ahead"],
+                      causal=step.causal, stages=self.options["stages"],
                       item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"],
                       l2_prefetch=self.options["l2_prefetch"], schedule=self.options["schedule"])
         if not self._programs:

@@ -93,7 +93,7 @@ def _persistent_step_kernel(
     BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr, BN_LM: tl.constexpr,
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
-    STAGES: tl.constexpr, X_AHEAD: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
+    STAGES: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
     CONVERT: tl.constexpr, PREFETCH: tl.constexpr, DYNAMIC: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
@@ -135,7 +135,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
                       HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
@@ -162,7 +162,7 @@ def _persistent_step_kernel(
             wrote = gemv_item(attn_ptr, T, _ptr(layer_ptrs, layer, 2, w_ty), _ptr(layer_ptrs, layer, 3, tl.float32),
                               h_ptr, eps, h_ptr, cap_ptr, -1, tile * BN_O, c + C_ATTN, HKV,
                               H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
-                              STAGES, X_AHEAD, SPLIT_O, index // NT_O, split_ptr,
+                              STAGES, SPLIT_O, index // NT_O, split_ptr,
                               tiles + layer * NT_RUNS + tile, CONVERT=CONVERT, PREFETCH=PREFETCH)
             if wrote != 0:
                 signal(c + C_ATTN + 1)
@@ -171,7 +171,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
                       HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
             signal(c + C_GU + index * BN_GU // K_RUN_DOWN)
         elif kind == DOWN:
             tile = index % NT_DOWN
@@ -181,7 +181,7 @@ def _persistent_step_kernel(
             wrote = gemv_item(act_ptr, T, _ptr(layer_ptrs, layer, 6, w_ty), _ptr(layer_ptrs, layer, 7, tl.float32),
                               h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_GU + run,
                               run_tiles, INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
-                              DOT_F32, STAGES, X_AHEAD, SPLIT_DOWN, index // NT_DOWN, split_ptr,
+                              DOT_F32, STAGES, SPLIT_DOWN, index // NT_DOWN, split_ptr,
                               tiles + layer * NT_RUNS + NT_O + tile, CONVERT=CONVERT, PREFETCH=PREFETCH)
             if wrote != 0:
                 signal(c + C_DOWN)
@@ -189,7 +189,7 @@ def _persistent_step_kernel(
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_DOWN, tl.cdiv(HIDDEN, BN_DOWN),
                       HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
-                      STAGES, X_AHEAD, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
         if TIMELINE:
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
@@ -221,7 +221,7 @@ _step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)
 
 
 def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
-                     timeline: bool = False, stages: int = 1, x_ahead: bool = False,
+                     timeline: bool = False, stages: int = 1,
                      int8_convert: str = "bits", l2_prefetch: bool = False, schedule: str = "static") -> dict:
     """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
     ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles, whose int8 weights take
@@ -234,7 +234,7 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 BLOCK_K=s.block_k, BN_QKV=s.block_n[0], BN_O=s.block_n[1], BN_GU=s.block_n[2], BN_DOWN=s.block_n[3],
                 BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
-                X_AHEAD=x_ahead, SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
+                SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
                 CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert], PREFETCH=l2_prefetch and not dot_f32 and _rows_aligned(s, int8),
                 DYNAMIC=SCHEDULES[schedule])
 
@@ -255,7 +255,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            layer_weight: torch.Tensor, page_strides: tuple[int, int, int], eps: float,
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
-                           causal: bool = True, stages: int = 1, x_ahead: bool = False, item_calls: bool = False,
+                           causal: bool = True, stages: int = 1, item_calls: bool = False,
                            int8_convert: str = "bits", l2_prefetch: bool = False, schedule: str = "static",
                            warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
@@ -269,7 +269,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
-    tokens (a block drafter's step). ``stages``, ``x_ahead``, ``int8_convert``, ``l2_prefetch``: how
+    tokens (a block drafter's step). ``stages``, ``int8_convert``, ``l2_prefetch``: how
     the GEMV items load and convert their chunks
     (:func:`persistent_items.gemv_item`; the same bits). ``schedule``: which program takes which
     item (:func:`kernel_constants`; the same bits). ``item_calls``: the kernel whose work items
@@ -291,7 +291,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
             *page_strides, *scale_strides)
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
                                upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
-                               stages=stages, x_ahead=x_ahead, int8_convert=int8_convert,
+                               stages=stages, int8_convert=int8_convert,
                                l2_prefetch=l2_prefetch, schedule=schedule),
               **compile_options(num_warps, max_registers))
     kernel = step_kernel(item_calls)

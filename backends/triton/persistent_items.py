@@ -61,22 +61,15 @@ def _load_x(x_rows, row_ok, k0, offs_k, K: tl.constexpr):
 
 
 @triton.jit
-def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr, X_AHEAD: tl.constexpr = False):
+def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
     """``rsqrt(mean(x^2) + eps)`` of the 16 rows at ``x_ptr`` (``[16, K]`` contiguous), summed in
-    BLOCK_K chunks: ``[16, 1]`` float32. X_AHEAD: each chunk loaded an iteration ahead (same bits)."""
+    BLOCK_K chunks: ``[16, 1]`` float32."""
     offs_t = tl.arange(0, BLOCK_T)
     offs_k = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + offs_t[:, None] * K + offs_k[None, :]
     ss = tl.zeros([BLOCK_T], tl.float32)
-    if X_AHEAD:
-        x_next = _load_x(x_rows, row_ok, 0, offs_k, K)
     for k0 in range(0, K, BLOCK_K):
-        if X_AHEAD:
-            x = x_next
-            x_next = _load_x(x_rows, row_ok, k0 + BLOCK_K, offs_k, K)
-        else:
-            x = _load_x(x_rows, row_ok, k0, offs_k, K)
-        x = x.to(tl.float32)
+        x = _load_x(x_rows, row_ok, k0, offs_k, K).to(tl.float32)
         ss += tl.sum(x * x, 1)
     return tl.math.rsqrt(ss / K + eps)[:, None]
 
@@ -92,7 +85,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               K: tl.constexpr, N: tl.constexpr, UP_ROWS: tl.constexpr,
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
-              X_AHEAD: tl.constexpr = False, SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None,
+              SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None,
               CONVERT: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
@@ -102,8 +95,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     ``capture >= 0``: the result also at ``cap_ptr``. Waits for ``wait_ptr`` to reach
     ``wait_target``. The weight chunks: STAGES 1, each chunk's successor loaded into registers
     before the chunk's dot, the first before the wait; more, the compiler's software pipeline of
-    STAGES stages through shared memory, after the wait. X_AHEAD: each activation chunk loaded an
-    iteration ahead too. CONVERT: how int8 weights become floats
+    STAGES stages through shared memory, after the wait. CONVERT: how int8 weights become floats
     (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). PREFETCH (a GPU only):
     the item's whole weight tile asked of the L2 before the wait (:func:`prefetch_l2`; rows of a
     multiple of 16 bytes), so that memory streams while the program waits. None of these changes an
@@ -143,17 +135,11 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
             wu = _load_weight(w_rows + UP_ROWS * K, k_lo, offs_k, K, n_ok)
     wait_for(wait_ptr, wait_target)
     if NORM:
-        rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K, X_AHEAD)
+        rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    if X_AHEAD:
-        x_next = _load_x(x_rows, row_ok, k_lo, offs_k, K)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
-        if X_AHEAD:  # each activation chunk loaded an iteration ahead, as the weights
-            x = x_next
-            x_next = _load_x(x_rows, row_ok, k0 + BLOCK_K, offs_k, K)
-        else:
-            x = _load_x(x_rows, row_ok, k0, offs_k, K)
+        x = _load_x(x_rows, row_ok, k0, offs_k, K)
         if NORM:
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
             x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)

@@ -101,7 +101,7 @@ def test_rows_are_the_same_bits_in_one_step_or_several(case):
     assert torch.equal(case.kv.k, pages)
 
 
-@pytest.mark.parametrize("options", [{"stages": 1}, {"x_ahead": True}, {"item_calls": True},
+@pytest.mark.parametrize("options", [{"stages": 1}, {"item_calls": True},
                                      {"schedule": "dynamic"}])
 def test_how_the_chunks_are_loaded_changes_no_bit(case, options):
     """Options that change when a chunk is loaded, which program runs an item, or how the kernel is
