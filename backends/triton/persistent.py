@@ -16,14 +16,15 @@ machine: :func:`resident_programs`). The step is a list of work items in depende
 on the host by :class:`StepPlan`): per layer the qkv GEMV tiles (input RMSNorm in each tile's
 prologue), one attention-input item per kv head (q/k RMSNorm, RoPE, the K/V page write),
 ``NUM_SPLITS`` attention items per kv head (the last one combines), the o_proj tiles (+ residual),
-the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual; o_proj and down tiles
-in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, the last run of a tile adding the runs' sums; a down run waits
-for the gate_up tiles of its K range only); then the lm_head
-tiles (final RMSNorm, float32 logits). Program ``p`` takes items ``p, p + programs, ...`` in
-order (``DYNAMIC``: each program takes the next untaken item from a counter, one item ahead of the
-one it runs, so that a program delayed by a wait takes fewer; items are still taken in list order,
-which keeps every wait satisfiable while all programs are resident); an item waits on the int32 counter its inputs increment (persistent_items.py), never on a
-kernel boundary, and loads its first weight chunk before it waits. Every GEMV tile is
+the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual; o_proj and down
+tiles in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, the last run of a tile adding the runs' sums; a down
+run waits for the gate_up tiles of its K range only); then the lm_head tiles (final RMSNorm, float32
+logits). Program ``p`` takes items ``p, p + programs, ...`` in order (``DYNAMIC``: each program
+takes the next untaken item from a counter, one item ahead of the one it runs, so that a program
+delayed by a wait takes fewer; items are still taken in list order, which keeps every wait
+satisfiable while all programs are resident). An item waits on the int32 counter its inputs
+increment (persistent_items.py), never on a kernel boundary, and loads its first weight chunk before
+it waits. Every GEMV tile is
 ``[16 tokens, BLOCK_N columns]`` through ``tl.dot`` over ``BLOCK_K`` chunks; every attention item
 ``[16 * GROUP query rows, BLOCK_N keys]`` tiles. The last program to finish zeroes the counters
 for the next launch. Under the interpreter, which runs programs one after another, one program
