@@ -117,18 +117,25 @@ def test_one_access_log_line_per_request_with_tokens_and_timings(url):
     handler.emit = records.append
     logger = logging.getLogger("tileinfer.server")
     logger.addHandler(handler)
+    ours = ('"POST /v1/completions"', '"GET /nowhere"')  # a line of an earlier test's request may still arrive
+
+    def lines() -> list[logging.LogRecord]:
+        return [r for r in records if any(path in r.getMessage() for path in ours)]
     try:
+        time.sleep(0.2)  # the lines of earlier tests' requests arrive and are dropped
+        records.clear()
         assert post(url, "/v1/completions", {"prompt": "import os", "max_tokens": 3}).status_code == 200
         assert httpx.get(f"{url}/nowhere").status_code == 404
         deadline = time.monotonic() + 10  # a line is written once its response was sent
-        while len(records) < 2 and time.monotonic() < deadline:
+        while len(lines()) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
+        time.sleep(0.1)  # a second line for either request would arrive by now
     finally:
         logger.removeHandler(handler)
-    assert len(records) == 2 and all(r.levelno == logging.INFO for r in records)
-    completion, = [r.getMessage() for r in records if '"POST /v1/completions" 200 prompt_tokens=' in r.getMessage()]
+    assert len(lines()) == 2 and all(r.levelno == logging.INFO for r in lines())
+    completion, = [r.getMessage() for r in lines() if '"POST /v1/completions" 200 prompt_tokens=' in r.getMessage()]
     assert "completion_tokens=3 first_token_ms=" in completion and "total_ms=" in completion
-    assert any('"GET /nowhere" 404' in r.getMessage() for r in records)
+    assert any('"GET /nowhere" 404' in r.getMessage() for r in lines())
 
 
 def test_streamed_logprobs_go_with_the_text_of_their_tokens(client, engine, reference):
