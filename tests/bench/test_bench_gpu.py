@@ -27,7 +27,7 @@ def parses(argv: list[str]) -> argparse.Namespace:
 def test_every_step_of_a_check_is_a_command_line_its_command_accepts(check):
     for seconds, argv in gpu.CHECKS[check]:
         assert 0 < seconds <= 560, (check, argv)
-        parses([*argv, "--commit", "abc1234", "--records", "/tmp/r.jsonl"])
+        parses(gpu.step_argv(argv, ["--commit", "abc1234", "--records", "/tmp/r.jsonl"]))
 
 
 def test_a_bad_check_is_a_usage_error(capsys):
@@ -49,10 +49,12 @@ def test_steps_are_stopped_at_their_seconds_and_the_calls_time(monkeypatch, caps
         return subprocess.CompletedProcess(argv, 0)
 
     monkeypatch.setattr(gpu.subprocess, "run", run)
-    statuses = gpu.run_steps([(100, ["slow"]), (50, ["quick"]), (10, ["late"])], 140, ["--commit", "c"])
-    assert statuses == [124, 0, 0]
-    assert [a for a, _ in calls] == [["slow", "--commit", "c"], ["quick", "--commit", "c"], ["late", "--commit", "c"]]
-    assert calls[0][1] == 100 and calls[1][1] == 50 and calls[2][1] == 10
+    statuses = gpu.run_steps([(100, ["slow"]), (50, ["quick"]), (5, ["gpu-tests", "t.py"]), (10, ["late"])], 140,
+                             ["--commit", "c"])
+    assert statuses == [124, 0, 0, 0]
+    assert [a for a, _ in calls] == [["slow", "--commit", "c"], ["quick", "--commit", "c"], ["gpu-tests", "t.py"],
+                                     ["late", "--commit", "c"]]  # the tests take no --commit
+    assert [t for _, t in calls] == [100, 50, 5, 10]
     assert gpu.run_steps([(100, ["x"])], 20, []) == [124]  # under 30 s left: not started
     assert "out of time before: x" in capsys.readouterr().out
 
