@@ -27,6 +27,7 @@ PREFETCH_NAMES = [a for name in ("default", "default+options.triton.l2_prefetch=
                                   "persistent+options.persistent.schedule=dynamic",
                                   "persistent+options.persistent.schedule=dynamic+options.persistent.l2_prefetch=true")
                   for a in ("--variant", name)]
+ON_GPU = "tests/plugins/test_persistent_gpu.py::test_"
 # qkv's 384 tiles of 16 columns take two rounds of the 264 programs at 4B; of 32, one
 QKV_32 = ["--variant", "persistent+options.persistent.block_n=32,16,16,16,64"]
 # check -> (seconds at most, the command's arguments) for each step, with minutes estimated for the whole
@@ -89,11 +90,12 @@ CHECKS = {
     # what closes issues 28 and 31 in one call where device time is scarce: speculative greedy = plain greedy at the
     # Qwen3 shapes with the shipped persistent defaults, the shipped family's device loop over both steps, and the
     # JSON-schema decode against unconstrained at 4B
-    "close": [(200, ["gpu-tests", "tests/plugins/test_persistent_gpu.py", "tests/core/test_structured_generation.py",
-                     "--seconds", "190"]),
+    "close": [(240, ["gpu-tests", f"{ON_GPU}speculative_greedy_gives_plain_greedy_tokens_at_the_qwen3_shapes",
+                     f"{ON_GPU}the_shipped_family_in_the_persistent_step_gives_plain_greedy_tokens",
+                     "tests/core/test_structured_generation.py", "--seconds", "230"]),
               (130, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
                      "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"]),
-              (220, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "ngram", "--workload",
+              (190, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "ngram", "--workload",
                      "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),

@@ -100,9 +100,6 @@ class PersistentForward(ForwardPass):
         layers = model.layers
         if c.head_dim < 16 or c.head_dim & (c.head_dim - 1):
             return f"head_dim {c.head_dim} is not a power of two >= 16"
-        group = c.num_heads // c.num_kv_heads
-        if group & (group - 1):
-            return f"{group} query heads per kv head is not a power of two"
         linears = [lin for layer in layers for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
         layouts = {getattr(lin, "int8_layout", "rows") for lin in linears + [model.lm_head]} - {"rows"}
         if layouts:

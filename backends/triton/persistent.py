@@ -24,11 +24,11 @@ takes the next untaken item from a counter, one item ahead of the one it runs, s
 delayed by a wait takes fewer; items are still taken in list order, which keeps every wait
 satisfiable while all programs are resident). An item waits on the int32 counter its inputs
 increment (persistent_items.py), never on a kernel boundary, and loads its first weight chunk before
-it waits. Every GEMV tile is
-``[16 tokens, BLOCK_N columns]`` through ``tl.dot`` over ``BLOCK_K`` chunks; every attention item
-``[16 * GROUP query rows, BLOCK_N keys]`` tiles. The last program to finish zeroes the counters
-for the next launch. Under the interpreter, which runs programs one after another, one program
-takes every item in order (every wait is then already satisfied when checked).
+it waits. Every GEMV tile is ``[16 tokens, BLOCK_N columns]`` through ``tl.dot`` over ``BLOCK_K``
+chunks; every attention item ``[16 * GROUP query rows padded to a power of two (ATTN_ROWS), BLOCK_N
+keys]`` tiles. The last program to finish zeroes the counters for the next launch. Under the
+interpreter, which runs programs one after another, one program takes every item in order (every
+wait is then already satisfied when checked).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _persistent_step_kernel(
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
     STAGES: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
-    CONVERT: tl.constexpr, PREFETCH: tl.constexpr, DYNAMIC: tl.constexpr,
+    CONVERT: tl.constexpr, PREFETCH: tl.constexpr, DYNAMIC: tl.constexpr, ATTN_ROWS: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -144,7 +144,8 @@ def _persistent_step_kernel(
             attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, k_scale, v_scale, smooth, bt_ptr, pos_ptr,
                                   cos_ptr, sin_ptr, stride_cs, _ptr(layer_ptrs, layer, 10, act_ty),
                                   _ptr(layer_ptrs, layer, 11, act_ty), eps, index, T, stride_kp, stride_kh,
-                                  stride_ks, stride_sp, stride_sh, H, HKV, D, GROUP, PAGE_SIZE, KV_INT8, SMOOTH)
+                                  stride_ks, stride_sp, stride_sh, H, HKV, D, GROUP, ATTN_ROWS, PAGE_SIZE, KV_INT8,
+                                  SMOOTH)
             signal(c + 1 + index)
         elif kind == ATTN:
             kv_head = index // NUM_SPLITS
@@ -154,7 +155,8 @@ def _persistent_step_kernel(
                                       stat_ptr, attn_ptr, c + 1 + HKV + kv_head, T, causal, kv_head,
                                       index % NUM_SPLITS,
                                       qk_scale, stride_kp, stride_kh, stride_ks, stride_sp, stride_sh, H, HKV, D,
-                                      GROUP, PAGE_SIZE, NUM_SPLITS, CHUNK, ATTN_BLOCK, KV_INT8, SMOOTH, UPCAST,
+                                      GROUP, ATTN_ROWS, PAGE_SIZE, NUM_SPLITS, CHUNK, ATTN_BLOCK, KV_INT8, SMOOTH,
+                                      UPCAST,
                                       DOT_PRECISION)
             if combined != 0:
                 signal(c + C_ATTN)
@@ -236,8 +238,9 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 BN_LM=s.block_n[4], INT8=int8, LM_INT8=lm_int8, KV_INT8=s.kv_int8, SMOOTH=s.kv_int8 and s.k_smooth,
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
                 SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
-                CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert], PREFETCH=l2_prefetch and not dot_f32 and _rows_aligned(s, int8),
-                DYNAMIC=SCHEDULES[schedule])
+                CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert],
+                PREFETCH=l2_prefetch and not dot_f32 and _rows_aligned(s, int8),
+                DYNAMIC=SCHEDULES[schedule], ATTN_ROWS=s.attention_rows)
 
 
 def _rows_aligned(s: StepShape, int8: bool) -> bool:

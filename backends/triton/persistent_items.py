@@ -2,8 +2,9 @@
 functions, and the counters through which an item waits for its inputs.
 
 Every item computes the rows of the step's ``T <= 16`` tokens padded to fixed tiles (16 token rows
-for a GEMV, ``16 * GROUP`` query rows for attention) whatever ``T`` is, so that a token's row is
-reduced in the same order in a 1-token step and in a 16-token verify step (batch-invariant rows):
+for a GEMV, ``16 * GROUP`` query rows padded to a power of two for attention) whatever ``T`` is,
+so that a token's row is reduced in the same order in a 1-token step and in a 16-token verify step
+(batch-invariant rows):
 
 - :func:`gemv_item`: ``BLOCK_N`` output columns of one linear, ``y = x W^T`` through ``tl.dot``
   over ``[16, BLOCK_K]`` activation chunks (the RMSNorm of the input rows computed in the item's
@@ -209,16 +210,18 @@ def _rope_tables(cos_ptr, sin_ptr, stride_cs, pos, D: tl.constexpr):
 def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, cos_ptr,
                           sin_ptr, stride_cs, qn_ptr, kn_ptr, eps, kv_head, T, stride_kp, stride_kh, stride_ks,
                           stride_sp, stride_sh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                          GROUP: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr):
+                          GROUP: tl.constexpr, ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, KV_INT8: tl.constexpr,
+                          SMOOTH: tl.constexpr):
     """For kv head ``kv_head`` and every token ``t < T`` of ``qkv`` (``[16, (H + 2 HKV) D]``):
-    q heads ``kv_head * GROUP ..`` normalized and rotated into ``q`` (``[16, H, D]``), the key
+    q heads ``kv_head * GROUP ..`` normalized and rotated into ``q`` (``[16, H, D]``; ``ROWS``: 16 * GROUP
+    token-head rows padded to a power of two, the padding masked), the key
     normalized and rotated and the value copied into the pages at the token's position. KV_INT8:
     the pages are int8, the key (divided by the smoothing ``smooth`` ``[D]`` float32 where SMOOTH)
     and the value quantized with one float32 scale per vector into ``ks``, ``vs`` (``[P, HKV,
     PAGE_SIZE]``, strides ``stride_sp``, ``stride_sh``, slots contiguous; :func:`store_kv_int8`)."""
     width = (H + 2 * HKV) * D
     offs = tl.arange(0, D // 2)[None, :]
-    r = tl.arange(0, BLOCK_T * GROUP)[:, None]
+    r = tl.arange(0, ROWS)[:, None]
     tok = r // GROUP
     head = kv_head * GROUP + r % GROUP
     ok = tok < T
@@ -254,20 +257,21 @@ def attention_inputs_item(qkv_ptr, q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smoo
 def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, pos_ptr, part_ptr, stat_ptr, out_ptr,
                    split_counter, T, causal, kv_head, split, qk_scale, stride_kp, stride_kh, stride_ks, stride_sp,
                    stride_sh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr,
-                   PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+                   ROWS: tl.constexpr, PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, CHUNK: tl.constexpr,
                    BLOCK_N: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr, UPCAST: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
     """Split ``split`` of kv head ``kv_head``'s attention for the step's ``T`` query tokens (q
-    ``[16, H, D]``; causal where ``causal`` != 0, else each query sees all the step's keys too: a
-    block drafter's step), over the keys of chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions
-    each) below ``start + T``. Its float32 partials (``acc`` ``[BLOCK_M, D]``, max and sum) go to
-    the scratch ``part`` ``[HKV, NUM_SPLITS, BLOCK_M, D]`` and ``stat`` ``[2, HKV, NUM_SPLITS,
-    BLOCK_M]``; the kv head's last split to count itself in ``split_counter`` combines them in
-    split order into ``out`` (``[16, H * D]``, q's dtype). Returns 1 where it combined, else 0.
-    KV_INT8: int8 pages with float32 scales ``ks``, ``vs`` (``[P, HKV, PAGE_SIZE]``, strides
-    ``stride_sp``, ``stride_sh``), the query rows first multiplied by the smoothing where SMOOTH
-    (:func:`smooth_q`, :func:`attend_tiles_int8`), as the per-op decode attention."""
-    BLOCK_M: tl.constexpr = BLOCK_T * GROUP
+    ``[16, H, D]``, in ``ROWS`` rows: 16 * GROUP padded to a power of two; causal where ``causal``
+    != 0, else each query sees all the step's keys too: a block drafter's step), over the keys of
+    chunks ``split + j * NUM_SPLITS`` (``CHUNK`` positions each) below ``start + T``. Its float32
+    partials (``acc`` ``[BLOCK_M, D]``, max and sum) go to the scratch ``part`` ``[HKV, NUM_SPLITS,
+    BLOCK_M, D]`` and ``stat`` ``[2, HKV, NUM_SPLITS, BLOCK_M]``; the kv head's last split to count
+    itself in ``split_counter`` combines them in split order into ``out`` (``[16, H * D]``, q's
+    dtype). Returns 1 where it combined, else 0. KV_INT8: int8 pages with float32 scales ``ks``,
+    ``vs`` (``[P, HKV, PAGE_SIZE]``, strides ``stride_sp``, ``stride_sh``), the query rows first
+    multiplied by the smoothing where SMOOTH (:func:`smooth_q`, :func:`attend_tiles_int8`), as the
+    per-op decode attention."""
+    BLOCK_M: tl.constexpr = ROWS
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     q, tok, head, row_ok = load_q_rows(q_ptr, H * D, D, kv_head, offs_m, offs_d, T, GROUP, UPCAST)

@@ -50,6 +50,12 @@ class StepShape:
         return self.heads // self.kv_heads
 
     @property
+    def attention_rows(self) -> int:
+        """Query rows of an attention tile: 16 tokens x ``group`` heads, padded to a power of two
+        (the rows past ``16 * group`` are masked)."""
+        return triton.next_power_of_2(BLOCK_T.value * self.group)
+
+    @property
     def qkv_rows(self) -> int:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
@@ -126,7 +132,7 @@ class StepBuffers:
     @classmethod
     def allocate(cls, shape: StepShape, dtype: torch.dtype, device: torch.device, captures: int) -> "StepBuffers":
         s, rows = shape, BLOCK_T.value
-        partials = s.kv_heads * s.num_splits * rows * s.group
+        partials = s.kv_heads * s.num_splits * s.attention_rows
 
         def zeros(*size, dt=dtype):
             return torch.zeros(size, dtype=dt, device=device)

@@ -30,6 +30,17 @@ def test_every_step_of_a_check_is_a_command_line_its_command_accepts(check):
         parses(gpu.step_argv(argv, ["--commit", "abc1234", "--records", "/tmp/r.jsonl"]))
 
 
+def test_the_tests_a_check_names_exist():
+    """A ``gpu-tests`` step's ``FILE::TEST`` names a test function of that file (a renamed test
+    would otherwise be found missing only on the GPU)."""
+    named = [a for steps in gpu.CHECKS.values() for _, argv in steps if argv[0] == "gpu-tests" for a in argv
+             if "::" in a]
+    assert named
+    for node in named:
+        path, test = node.split("::")
+        assert f"def {test}(" in (gpu.ROOT / path).read_text(), node
+
+
 def test_a_bad_check_is_a_usage_error(capsys):
     from bench.__main__ import main
 

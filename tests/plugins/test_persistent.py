@@ -15,6 +15,7 @@ splits, so a split takes two chunks.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from tileinfer.model import stack_forward
 from tileinfer.plugins.per_op import PerOpForward
 from tileinfer.plugins.persistent_forward import PersistentForward
 
+ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = {"num_splits": 2, "chunk": 64, "block_n": "64,64,64,64,64", "block_k": 64}
 CKPT = dict(tokenizer=False, hidden=96, intermediate=160, layers=2, seed=3)
 CONTEXT = 140
@@ -173,6 +175,31 @@ def test_what_it_does_not_cover_runs_the_per_op_step_with_one_notice(case, caplo
     case.restore()
     ref, _ = case.per_op(ids, step, case.kv)
     assert torch.equal(out, ref) and not out.isnan().any()
+
+
+def test_the_shipped_family_runs_through_it(caplog):
+    """models/target (its draft model and DFlash drafter alike) has 3 query heads a kv head:
+    attention tiles of 48 rows padded to 64. The per-op step's last hidden states and pages, the rows
+    batch-invariant, no notice. (Hidden states, not logits, and K unsplit: the interpreter's time.)"""
+    with caplog.at_level(logging.WARNING, logger="tileinfer"):
+        shipped = Case(ROOT / "models" / "target")
+        fwd = PersistentForward(shipped.model, options={**OPTIONS, "block_k": 128, "split_k": 1})
+    last = shipped.model.config.num_layers - 1
+    assert shipped.model.config.num_heads // shipped.model.config.num_kv_heads == 3
+    assert fwd.reason is None and not caplog.records
+    _, ref = shipped.step(shipped.per_op, CONTEXT, 3, logits=False, capture=(last,))
+    ref_pages = shipped.kv.k.clone(), shipped.kv.v.clone()
+    shipped.restore()
+    _, bufs = fwd._bind(shipped.kv)
+    bufs.poison()
+    _, out = shipped.step(fwd, CONTEXT, 3, logits=False, capture=(last,))
+    torch.testing.assert_close(out[last], ref[last], **TOL)
+    for new, old in zip((shipped.kv.k, shipped.kv.v), ref_pages):
+        torch.testing.assert_close(new, old, **TOL)
+    together = out[last].clone()
+    shipped.restore()
+    _, alone = shipped.step(fwd, CONTEXT, 1, logits=False, capture=(last,))
+    assert torch.equal(alone[last][0], together[0]) and not bufs.counters.any() and not caplog.records
 
 
 def test_a_weight_off_the_16_byte_grid_is_named(case, monkeypatch, caplog):

@@ -5,13 +5,16 @@ token for token, for every proposer and several k, with BF16 and INT8 weights; a
 over INT8 KV pages (``kv_store=paged_int8``) too.
 
 Shapes: an odd tiny target (7 layers, hidden 96, GQA 4 / 2 heads of 32, the DFlash tests' layer
-count) and the Qwen3-0.6B shape with random weights (bench/shapes.py); the speculative identity also
-at Qwen3-4B, with a draft model and a DFlash drafter of each shape's width. The per-op step reduces in
-other orders (the 1-token GEMV on CUDA cores, attention splits sized by the context), so logits
-agree to a bound, stated in ``close``; ``pytest -s`` prints the measured differences.
+count), the shipped target (3 query heads a kv head) and the Qwen3-0.6B shape with random weights
+(bench/shapes.py); the speculative identity also at Qwen3-4B, with a draft model and a DFlash
+drafter of each shape's width, and on the shipped family with its own draft model and drafter.
+The per-op step reduces in other orders (the 1-token GEMV on CUDA cores, attention splits sized by
+the context), so logits agree to a bound, stated in ``close``; ``pytest -s`` prints the measured differences.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +28,7 @@ from tileinfer.plugins.per_op import PerOpForward
 from tileinfer.plugins.persistent_forward import PersistentForward
 
 pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
 TARGET = dict(layers=7, hidden=96, heads=4, kv_heads=2, head_dim=32, intermediate=160, vocab=320, tie=True,
               tokenizer=False, std=0.2, max_positions=2048)
 CONTEXT = 1000
@@ -40,8 +44,10 @@ def qwen3_06b(tmp_path_factory):
     return write_random_checkpoint("Qwen3-0.6B", tmp_path_factory.mktemp("q06b"))
 
 
-@pytest.fixture(scope="module", params=["tiny", "Qwen3-0.6B"])
+@pytest.fixture(scope="module", params=["tiny", "Qwen3-0.6B", "shipped"])
 def folder(request, checkpoint_factory):
+    if request.param == "shipped":  # 3 query heads a kv head: attention tiles of 48 rows padded to 64
+        return ROOT / "models" / "target"
     return checkpoint_factory(**TARGET) if request.param == "tiny" else request.getfixturevalue("qwen3_06b")
 
 
@@ -183,3 +189,27 @@ def test_speculative_greedy_gives_plain_greedy_tokens_at_the_qwen3_shapes(qwen3_
     options = {proposer: {"model": str(drafts[proposer])}} if proposer in drafts else {}
     spec = build(target, **keys, proposer=proposer, spec_k=k, options=options)
     assert spec.generate(prompt, max_new_tokens=48).token_ids == plain, f"{proposer}@{k}"
+
+
+# The shipped family (3 query heads a kv head) with its own draft model and DFlash drafter, on the
+# spec table's EDIT prompt: the persistent step runs (no notice) and keeps plain greedy's tokens.
+SHIPPED_SPEC = [("ngram", 15), ("draft", 3), ("draft", 7), ("dflash", 7), ("dflash", 15)]
+
+
+@pytest.mark.parametrize("proposer, k", SHIPPED_SPEC)
+def test_the_shipped_family_in_the_persistent_step_gives_plain_greedy_tokens(proposer, k, caplog):
+    import logging
+
+    from tileinfer.models import prompts
+
+    greedy = dict(forward="persistent", temperature=0.0, repetition_penalty=1.0)
+    with caplog.at_level(logging.WARNING, logger="tileinfer"):
+        plain = build(ROOT / "models" / "target", **greedy)
+        options = {"draft": {"model": str(ROOT / "models" / "draft")}} if proposer == "draft" else {}
+        spec = build(ROOT / "models" / "target", **greedy, proposer=proposer, spec_k=k, options=options)
+        edit = prompts.benchmark_prompts(plain.tokenizer, 300)[0]
+        want = plain.generate(edit.token_ids, max_new_tokens=64).token_ids
+        got = spec.generate(edit.token_ids, max_new_tokens=64)
+    assert not [r.getMessage() for r in caplog.records if "forward=persistent" in r.getMessage()]
+    assert got.token_ids == want, f"{proposer}@{k}"
+    assert got.stats.tokens_per_step > 1, got.stats

@@ -30,7 +30,7 @@ SHAPE = StepShape(hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS, head_dim=D, int
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=8e-3)}
 
 
-def weights(dtype: torch.dtype, int8: bool, g: torch.Generator) -> tuple[list[dict], dict]:
+def weights(dtype: torch.dtype, int8: bool, g: torch.Generator, heads: int = HEADS) -> tuple[list[dict], dict]:
     def w(rows, cols):
         x = (torch.randn(rows, cols, generator=g) * cols**-0.5).to(dtype)
         return quantize_int8(x) if int8 else (x, torch.ones(rows))
@@ -44,7 +44,7 @@ def weights(dtype: torch.dtype, int8: bool, g: torch.Generator) -> tuple[list[di
         layer = {"input_norm": norm(HIDDEN), "post_norm": norm(HIDDEN), "q_norm": norm(D), "k_norm": norm(D),
                  "k_pages": torch.randn(pages, KV_HEADS, PAGE, D, generator=g).to(dtype),
                  "v_pages": torch.randn(pages, KV_HEADS, PAGE, D, generator=g).to(dtype)}
-        for name, rows, cols in (("qkv", (HEADS + 2 * KV_HEADS) * D, HIDDEN), ("o", HIDDEN, HEADS * D),
+        for name, rows, cols in (("qkv", (heads + 2 * KV_HEADS) * D, HIDDEN), ("o", HIDDEN, heads * D),
                                  ("gate_up", 2 * INTER, HIDDEN), ("down", HIDDEN, INTER)):
             layer[f"{name}_w"], layer[f"{name}_s"] = w(rows, cols)
         layers.append(layer)
@@ -52,21 +52,25 @@ def weights(dtype: torch.dtype, int8: bool, g: torch.Generator) -> tuple[list[di
     return layers, dict(lm_w=lm_w, lm_s=lm_s, final_norm=norm(HIDDEN), block_table=torch.randperm(pages).int())
 
 
-@pytest.mark.parametrize("dtype, t, int8, split_k", [(torch.float32, 3, False, 1), (torch.float16, 1, False, 1),
-                                                     (torch.float32, 2, True, 1), (torch.float32, 3, False, 2),
-                                                     (torch.float32, 2, True, 3)])
-def test_the_step_is_its_twin(dtype, t, int8, split_k):
-    """``split_k``: o_proj (4 K chunks) and down (3) in runs of 2 / 2 and 2 / 1 chunks, 2 and 3 runs."""
-    shape = dataclasses.replace(SHAPE, split_k=split_k)
+@pytest.mark.parametrize("dtype, t, int8, split_k, heads", [
+    (torch.float32, 3, False, 1, HEADS), (torch.float16, 1, False, 1, HEADS), (torch.float32, 2, True, 1, HEADS),
+    (torch.float32, 3, False, 2, HEADS), (torch.float32, 2, True, 3, HEADS),
+    (torch.float32, 3, False, 1, 6), (torch.float32, 2, True, 3, 10),  # 3 and 5 query heads a kv head
+])
+def test_the_step_is_its_twin(dtype, t, int8, split_k, heads):
+    """``split_k``: o_proj (4 K chunks) and down (3) in runs of 2 / 2 and 2 / 1 chunks, 2 and 3 runs.
+    ``heads`` 6 and 10: 48 and 80 query rows of a kv head, attention tiles of 64 and 128 rows (the
+    shipped family has 3 query heads a kv head, Qwen3-14B 5)."""
+    shape = dataclasses.replace(SHAPE, split_k=split_k, heads=heads)
     g = torch.Generator().manual_seed(t)
-    layers, rest = weights(dtype, int8, g)
+    layers, rest = weights(dtype, int8, g, heads)
     angles = torch.arange(START + 16)[:, None] * torch.rand(D // 2, generator=g)[None, :]
     cos, sin = angles.cos(), angles.sin()
     positions = torch.arange(START, START + t)
     h = torch.randn(t, HIDDEN, generator=g).to(dtype)
     twin_layers = [{k: v.clone() for k, v in layer.items()} for layer in layers]
     ref, ref_hidden = decode_step(h, twin_layers, rest["lm_w"], rest["lm_s"], rest["final_norm"], positions,
-                                  rest["block_table"], cos, sin, 1e-6, HEADS, KV_HEADS, D, capture=(0,))
+                                  rest["block_table"], cos, sin, 1e-6, heads, KV_HEADS, D, capture=(0,))
 
     bufs = StepBuffers.allocate(shape, dtype, torch.device("cpu"), captures=1)
     bufs.poison()
