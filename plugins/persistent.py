@@ -9,9 +9,10 @@ smoothing too) in place: nothing is copied. Its rows
 are batch-invariant (a token's row is reduced in the same order whatever the step's token count),
 so a verify step's rows equal the decode steps' of the same tokens bit for bit.
 
-Covered: a Qwen3Model and the DFlash drafter's stack (its non-causal block step), KV pages in the model dtype
-or int8 (``kv_store=paged_int8``: the step quantizes and reads them as the per-op kernels do),
-head_dim and query heads per kv head powers of two, CUDA or the Triton interpreter. Anything else
+Covered: a Qwen3Model and the DFlash drafter's stack (its non-causal block step), KV pages in the
+model dtype or int8 (``kv_store=paged_int8``: the step quantizes and reads them as the per-op
+kernels do), head_dim a power of two (any number of query heads per kv head), CUDA or the Triton
+interpreter. Anything else
 runs the per-op step, with a one-line notice naming why (once per reason). The class
 (plugins/persistent_forward.py) is imported when a config names it, so that the registry needs no
 Triton.
