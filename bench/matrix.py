@@ -187,9 +187,9 @@ def run_name(folder: Path, chosen: list[Workload], device: torch.device, seconds
         for w in group:
             try:
                 measurement = measure(runner, w, seconds)
-                decode = getattr(runner, "last_decode", None) if w.kind == "decode" else None
+                facts = {**(runner.last_decode if w.kind == "decode" else {}), "notices": runner.notices}
                 done = row(workload=w, measurement=measurement, layout=runner.layout(), kv_capacity=capacity,
-                           decode=decode, **base)
+                           facts=facts, **base)
             except Exception as exc:  # noqa: BLE001
                 note = failure(exc)
                 del exc  # its traceback holds the failed step's tensors
@@ -201,10 +201,10 @@ def run_name(folder: Path, chosen: list[Workload], device: torch.device, seconds
 
 def row(*, shape: str, workload: Workload, mc: ModelConfig, name: str, part: str | None, limits: dict,
         measurement=None, note: str | None = None, layout: dict | None = None,
-        kv_capacity: int | None = None, decode: dict | None = None, tokenizer: str | None = None) -> dict:
+        kv_capacity: int | None = None, facts: dict | None = None, tokenizer: str | None = None) -> dict:
     """One record's figures. ``layout`` (``quantize``, ``storage``, ``dtype_bytes``) sets the roofline's
-    bytes; ``decode``: the last decode sample's ``decode_loop`` and ``tokens_per_step`` (the engine's
-    rows); ``tokenizer``: the stand-in tokenizer of a random checkpoint, where a workload needs one."""
+    bytes; ``facts``: what the run reported (``decode_loop`` and ``tokens_per_step`` of a decode row,
+    the engine's ``notices``); ``tokenizer``: the stand-in tokenizer of a random checkpoint, if any."""
     variant = None if name in peers_mod.PEERS else name
     value = measurement.value if measurement else None
     out = {"shape": shape, "variant": variant, "peer": None if variant else name, "workload": workload.name,
@@ -212,7 +212,7 @@ def row(*, shape: str, workload: Workload, mc: ModelConfig, name: str, part: str
            "roofline_tok_s": None, "roofline_fraction": None, "tflops": None, "peak_fraction": None,
            "prompt_tokens": workload.prompt_tokens, "new_tokens": workload.new_tokens, "kv_capacity": kv_capacity,
            "config": variant_items(variant) if variant else None, "part": part, **limits,
-           **({"tokenizer": tokenizer} if tokenizer and workload.schema else {}), **(decode or {})}
+           **({"tokenizer": tokenizer} if tokenizer and workload.schema else {}), **(facts or {})}
     if value is None:
         return out
     if workload.kind == "decode":

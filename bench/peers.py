@@ -83,6 +83,8 @@ class HFRunner:
     """transformers' Qwen3ForCausalLM on the checkpoint, eager SDPA or static cache + compile."""
 
     full_warm_up = True  # workloads.warm_up: a whole run first (first allocations, recompiles)
+    last_decode: dict = {}  # what an engine's rows report (EngineRunner's): nothing here
+    notices: list[str] = []
 
     def __init__(self, folder: Path, device: torch.device, *, static: bool, max_cache_len: int,
                  quantize: str = "none") -> None:

@@ -87,6 +87,19 @@ def provenance(records: list[dict]) -> str:
     return f"Commit {records[0]['commit']}, {when}; {', '.join(versions)}."
 
 
+def notices(records: list[dict]) -> str:
+    """The engine's notices during the runs of ``records`` (what a figure stands for where a
+    feature fell back), each once with the variants it came with; "" when there were none."""
+    seen: dict[str, list[str]] = {}
+    for r in records:
+        for message in r.get("notices") or ():
+            names = seen.setdefault(message, [])
+            name = r.get("variant") or r.get("peer") or r.get("kind")
+            if name not in names:
+                names.append(name)
+    return "".join(f"\n\nNotice while measuring {', '.join(names)}: {m}" for m, names in seen.items())
+
+
 def render(machine: str, records: list[dict], tables: list[Table]) -> str:
     out = [f"## {machine}"]
     for table in tables:
@@ -97,7 +110,7 @@ def render(machine: str, records: list[dict], tables: list[Table]) -> str:
             if chosen is None:
                 out.append(f"### {title}\n\nNo commit has every row of this table yet: {lacks}.")
             elif body := table.render(chosen):  # "": nothing of this table among the chosen records
-                out.append(f"### {title}\n\n{provenance(chosen)}\n\n{body}")
+                out.append(f"### {title}\n\n{provenance(chosen)}\n\n{body}{notices(chosen)}")
     return "\n\n".join(out)
 
 

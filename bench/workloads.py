@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import re
 import statistics
 import traceback
@@ -217,7 +218,9 @@ def measure(runner, workload: Workload, seconds: float) -> Measurement:
 
 
 class EngineRunner:
-    """One variant's engine on one checkpoint, sized for one KV capacity.
+    """One variant's engine on one checkpoint, sized for one KV capacity; ``notices``: the engine's
+    notices (the ``tileinfer`` logger's warnings) from its build to :meth:`close`, once each, which
+    the records carry (a fallback, say, such as a forward pass that ran the per-op step instead).
 
     ``kv_capacity`` is set per workload (prompt + new tokens + spec_k), rounded up to whole pages
     (the pool holds whole pages): a decode step replayed from a CUDA graph sizes its attention for
@@ -228,9 +231,16 @@ class EngineRunner:
         page = tileinfer.load_config(sources, overrides).kv_page_size
         self.kv_capacity = -(-kv_capacity // page) * page
         self.last_decode: dict = {}  # the last decode sample's loop and tokens per step
-        self.engine = tileinfer.Engine.from_config(
-            *sources, model=str(folder), progress=False,  # plain greedy unless the variant says otherwise
-            overrides=["temperature=0", "repetition_penalty=1.0", *overrides, f"kv_capacity={self.kv_capacity}"])
+        self._notices = NoticeLog()
+        self.notices = self._notices.messages
+        logging.getLogger("tileinfer").addHandler(self._notices)
+        try:
+            self.engine = tileinfer.Engine.from_config(
+                *sources, model=str(folder), progress=False,  # plain greedy unless the variant says otherwise
+                overrides=["temperature=0", "repetition_penalty=1.0", *overrides, f"kv_capacity={self.kv_capacity}"])
+        except BaseException:
+            logging.getLogger("tileinfer").removeHandler(self._notices)
+            raise
 
     def sample(self, workload: Workload) -> Callable[[], float]:
         engine = self.engine
@@ -270,8 +280,22 @@ class EngineRunner:
                 "dtype_bytes": getattr(torch, config.dtype).itemsize}
 
     def close(self) -> None:
+        logging.getLogger("tileinfer").removeHandler(self._notices)
         del self.engine
         free_memory()
+
+
+class NoticeLog(logging.Handler):
+    """The warnings logged while it is a handler, each message once, in order (``messages``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message not in self.messages:
+            self.messages.append(message)
 
 
 def free_memory() -> None:

@@ -106,6 +106,23 @@ def test_the_report_is_written_from_the_stores_alone(tmp_path, capsys):
     assert "error: no records at" in capsys.readouterr().err
 
 
+def test_a_tables_notices_follow_it_once_each_with_their_variants():
+    """What a figure stands for where the engine fell back: the notices of a table's records under
+    it, each once, naming the variants whose runs gave it."""
+    fell_back = "forward=persistent: KV pages stored as fp8 are not covered yet; those steps run the per-op step"
+    rows = [row("default", "decode128_ctx1024", 450.0), row("eager", "decode128_ctx1024", 100.0),
+            row("no-pipelining", "decode128_ctx1024", 300.0)]
+    for r in rows[1:]:
+        r["notices"] = [fell_back]
+    rows[2]["notices"].append("options.ngram (n_max) has no effect")
+    text = report.render("G", rows, matrix.tables())
+    graphs = text.split("### S: CUDA graphs (decode128_ctx1024)\n\n")[1].split("\n\n### ")[0]
+    assert graphs.endswith("gain: over the row above, blank across runs.\n\n"
+                           f"Notice while measuring eager, no-pipelining: {fell_back}\n\n"
+                           "Notice while measuring no-pipelining: options.ngram (n_max) has no effect")
+    assert report.notices([row("default", "decode128_ctx1024", 450.0)]) == ""
+
+
 def test_add_appends_only_the_records_not_already_there(tmp_path, monkeypatch):
     monkeypatch.setattr(records, "RESULTS", tmp_path / "results")
     came_back = tmp_path / "records.jsonl"

@@ -47,17 +47,20 @@ def test_every_step_of_the_grid_is_recorded(tmp_path):
 @CPU_ONLY
 def test_the_device_loops_step_is_recorded_beside_the_plain_step_of_a_real_checkpoint(tmp_path):
     """The shipped model with its drafters, under its folder's name: each variant's loop rows are
-    over that variant's 1-token step of the same run."""
+    over that variant's 1-token step of the same run; each row carries the notices of its engine
+    (options of n-gram drafting change nothing where n-gram does not draft)."""
     out = tmp_path / "records.jsonl"
+    other = "default+options.ngram.n_max=5"
     assert bench(["steps", "--model", str(SHIPPED), "--tokens", "1", "--contexts", "12", "--repeats", "1",
-                  "--variant", "default", "--variant", "default+cuda_graphs=false", "--loop", "ngram@2",
+                  "--variant", "default", "--variant", other, "--loop", "ngram@2",
                   "--loop", "dflash@3", "--records", str(out)]) == 0
     rows = records.load(out)
-    other = "default+cuda_graphs=false"
     assert [(r["shape"], r["variant"], r.get("proposer"), r.get("k"), r["tokens"]) for r in rows] == [
         ("target", "default", None, None, 1), ("target", other, None, None, 1),
         ("target", "default", "ngram", 2, 3), ("target", "default", "dflash", 3, 4),
         ("target", other, "ngram", 2, 3), ("target", other, "dflash", 3, 4)]
+    unused = "options.ngram (n_max) has no effect: ngram is not selected here (proposer=dflash)"
+    assert [r["notices"] for r in rows] == [[], [unused.replace("dflash", "none")], [], [], [], [unused]]
     step1 = {r["variant"]: r["value"] for r in rows[:2]}
     for r in rows[2:]:
         assert math.isfinite(r["value"]) and r["value"] > 0

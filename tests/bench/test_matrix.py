@@ -89,17 +89,19 @@ def test_a_variant_with_overrides_must_name_a_variant_and_key_values(capsys, bad
 
 def test_a_variant_with_overrides_runs_and_records_them(tmp_path):
     """``VARIANT+KEY=VALUE``: the variant's config with the overrides, recorded under that name; an
-    override the config refuses is the row's reason."""
+    override the config refuses is the row's reason; the engine's notices during a row go with it."""
     if torch.cuda.is_available():
         pytest.skip("the CPU smoke")
     out = tmp_path / "records.jsonl"
-    tried = ["eager+prefill_chunk=8", "eager+options.triton.no_such_option=1"]
+    tried = ["eager+prefill_chunk=8", "eager+options.triton.no_such_option=1", "eager+options.ngram.n_max=5"]
     assert bench(["matrix", "--shape", "tiny", "--seconds", "0", "--checkpoints", str(tmp_path / "ckpt"),
                   "--records", str(out), "--commit", "abc1234", "--new-tokens", str(NEW_TOKENS),
                   "--workload", "decode128_ctx1024", *(a for v in tried for a in ("--variant", v))]) == 0
     got = {r["variant"]: r for r in records.load(out)}
-    ok, refused = got[tried[0]], got[tried[1]]
-    assert ok["value"] > 0 and ok["config"] == [*VARIANTS["eager"], "prefill_chunk=8"]
+    ok, refused, noticed = got[tried[0]], got[tried[1]], got[tried[2]]
+    assert ok["value"] > 0 and ok["config"] == [*VARIANTS["eager"], "prefill_chunk=8"] and ok["notices"] == []
+    assert noticed["value"] > 0 and noticed["notices"] == [
+        "options.ngram (n_max) has no effect: ngram is not selected here (proposer=none)"]
     assert refused["value"] is None and refused["note"].startswith("skipped: ") and "no_such_option" in refused["note"]
 
 
