@@ -27,6 +27,7 @@ examples:
 
 from __future__ import annotations
 
+import logging
 import statistics
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ from tileinfer.models import prompts as prompts_mod
 from tileinfer.tokenizer import Tokenizer
 
 from . import records
+from .workloads import NoticeLog
 
 SHIPPED = Path(prompts_mod.__file__).resolve().parent
 PROPOSERS = ("none", "ngram", "draft", "dflash")
@@ -146,10 +148,13 @@ def main(args) -> int:
         return 2
     device = torch.device("cuda" if args.device == "cuda" or args.device == "auto" and torch.cuda.is_available()
                           else "cpu")
+    notices = NoticeLog()  # the engines' notices (a fallback, say), which the records carry
+    logging.getLogger("tileinfer").addHandler(notices)
     try:
         built = engines(args, device)
         bench = prompts_mod.benchmark_prompts(Tokenizer.from_folder(args.model), args.max_tokens)
     except TileinferError as exc:
+        logging.getLogger("tileinfer").removeHandler(notices)
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_status
     log = records.Run(device, commit=args.commit, path=args.records)
@@ -166,10 +171,12 @@ def main(args) -> int:
             log.add("speculative", **setting, task=prompt.task, file=prompt.name,
                     prompt_tokens=len(prompt.token_ids), label=label, proposer=built[label].config.proposer,
                     spec_k=built[label].config.spec_k, **{k: figures[k] for k in FIGURES},
-                    speedup=None if label == "none" else speedup, first_difference=diff)
+                    speedup=None if label == "none" else speedup, first_difference=diff,
+                    notices=list(notices.messages))
             if diff is not None:
                 failures.append(f"{prompt.task} {prompt.name}: {label} tokens differ from plain greedy from new "
                                 f"token {diff} on")
+    logging.getLogger("tileinfer").removeHandler(notices)
     print(f"{device.type}, {args.model}, {setting['mode']}, up to {args.new_tokens} new tokens")
     print(summary_table(log.records))
     print(f"appended {len(log.records)} records to {log.path}")

@@ -123,9 +123,12 @@ def test_sampled_runs_record_the_proposers_without_comparing_tokens(checkpoint_f
 def test_a_k_sweep_records_each_k_and_marks_the_best(checkpoint_factory, tmp_path):
     out = tmp_path / "records.jsonl"
     assert bench(["spec", "--model", str(checkpoint_factory(max_positions=512)), "--device", "cpu", "--config",
-                  "reference", "--override", "dtype=float32", "--max-tokens", "200", "--new-tokens", "6", "--k",
-                  "ngram=1,4", "--records", str(out)]) == 0
+                  "reference", "--override", "dtype=float32", "--override", "options.ngram.n_max=5", "--max-tokens",
+                  "200", "--new-tokens", "6", "--k", "ngram=1,4", "--records", str(out)]) == 0
     rows = records.load(out)
+    # the engines' notices, run-wide: plain decoding's engine takes the n-gram option and does not draft
+    unused = "options.ngram (n_max) has no effect: ngram is not selected here (proposer=none)"
+    assert all(unused in r["notices"] for r in rows)
     assert {(r["label"], r["spec_k"]) for r in rows if r["proposer"] == "ngram"} == {("ngram@1", 1), ("ngram@4", 4)}
     assert all(r["first_difference"] is None for r in rows)
     assert all(r["drafted_tokens"] <= r["steps"] for r in by(rows, "ngram@1"))
