@@ -18,7 +18,10 @@ causal attention ``4 x T^2 / 2 x heads x head_dim x layers`` (QK^T and PV, half 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -60,28 +63,56 @@ def cpu_refusal(shape: str) -> str | None:
             f"on a CPU use --shape {CPU_SHAPES[0]}")
 
 
-def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0, layers: int | None = None) -> Path:
-    """Random BF16 weights of a named shape (``layers`` of them where given: a draft model of the
-    family's width and vocabulary), saved with save_pretrained (skipped if already there)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Held by one process at a time (an exclusive ``flock`` on the file ``path``, created)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
+
+def written_once(folder: Path, write: Callable[[Path], None]) -> Path:
+    """``folder`` as ``write(into)`` fills it, once, however many processes ask at the same time
+    (pytest-xdist's workers share the random checkpoints): under a lock file beside it, written into
+    a sibling folder and moved in with ``config.json`` last, so that a folder with a ``config.json``
+    is whole. Skipped where ``config.json`` is there."""
     folder = Path(folder)
     if (folder / "config.json").is_file():
         return folder
-    config = Qwen3Config(**{**SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})},
-                         architectures=["Qwen3ForCausalLM"])
-    torch.manual_seed(seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = Qwen3ForCausalLM(config)
-    finally:
-        torch.set_default_dtype(previous)
-    model.save_pretrained(folder)
-    del model
+    with locked(folder.parent / f".{folder.name}.lock"):
+        if not (folder / "config.json").is_file():
+            partial = folder.parent / f".{folder.name}.partial"
+            for f in partial.glob("*"):  # a writer that died
+                f.unlink()
+            write(partial)
+            folder.mkdir(exist_ok=True)
+            for f in sorted(partial.iterdir(), key=lambda f: f.name == "config.json"):
+                f.replace(folder / f.name)
+            partial.rmdir()
     return folder
+
+
+def write_random_checkpoint(shape: str, folder: Path, *, seed: int = 0, layers: int | None = None) -> Path:
+    """Random BF16 weights of a named shape (``layers`` of them where given: a draft model of the
+    family's width and vocabulary), saved with save_pretrained (once: :func:`written_once`)."""
+    def write(into: Path) -> None:
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        config = Qwen3Config(**{**SHAPES[shape], **({"num_hidden_layers": layers} if layers else {})},
+                             architectures=["Qwen3ForCausalLM"])
+        torch.manual_seed(seed)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device(device):
+                model = Qwen3ForCausalLM(config)
+        finally:
+            torch.set_default_dtype(previous)
+        model.save_pretrained(into)
+
+    return written_once(folder, write)
 
 
 # Qwen3's byte-level BPE entries (151,643) and our three special tokens at ids 0-2
@@ -133,14 +164,15 @@ def write_stand_in_tokenizer(folder: Path, vocab: int, *, max_bytes: int | None 
 
 def write_random_drafter(shape: str, layers: int, block: int, folder: Path, *, seed: int = 0) -> Path:
     """A random z-lab-format DFlash drafter for a target of ``shape``, of the target's width as
-    z-lab's drafters are, target layer ids by z-lab's default rule (skipped if already there)."""
+    z-lab's drafters are, target layer ids by z-lab's default rule (once: :func:`written_once`)."""
+    return written_once(folder, lambda into: _write_drafter(shape, layers, block, into, seed))
+
+
+def _write_drafter(shape: str, layers: int, block: int, folder: Path, seed: int) -> None:
     from safetensors.torch import save_file
 
     from tileinfer.plugins.dflash_checkpoint import DFlashConfig, default_target_layer_ids
 
-    folder = Path(folder)
-    if (folder / "config.json").is_file():
-        return folder
     target = SHAPES[shape]
     n_target = target["num_hidden_layers"]
     ids = list(default_target_layer_ids(n_target, layers))
@@ -163,7 +195,6 @@ def write_random_drafter(shape: str, layers: int, block: int, folder: Path, *, s
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return folder
 
 
 def layer_linear_shapes(mc: ModelConfig) -> list[tuple[int, int]]:

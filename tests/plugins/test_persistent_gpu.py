@@ -160,21 +160,21 @@ QWEN3_SPEC = [("ngram", 3), ("ngram", 15), ("draft", 3), ("draft", 7), ("dflash"
 
 
 @pytest.fixture(scope="module")
-def qwen3_family(tmp_path_factory):
-    """shape -> (target, {proposer: model folder}), written once per shape on first use."""
-    from bench.shapes import write_random_checkpoint, write_random_drafter
-
-    folders: dict[str, tuple] = {}
+def qwen3_family():
+    """shape -> (target, {proposer: model folder}), written once per shape in the benchmarks' cache
+    of random checkpoints, which the workers of a parallel run share (bench.shapes.written_once:
+    one family of each shape on the disk, not one a worker)."""
+    from bench.shapes import CHECKPOINTS, write_random_checkpoint, write_random_drafter
 
     def get(shape: str):
-        if shape not in folders:
-            root = tmp_path_factory.mktemp(shape)
-            folders[shape] = (write_random_checkpoint(shape, root / "target"),
-                              {"draft": write_random_checkpoint(shape, root / "draft", seed=1, layers=2),
-                               "dflash": write_random_drafter(shape, 1, 16, root / "dflash")})
-        return folders[shape]
+        return (write_random_checkpoint(shape, CHECKPOINTS / shape),
+                {"draft": write_random_checkpoint(shape, CHECKPOINTS / f"{shape}-draft2", seed=1, layers=2),
+                 "dflash": write_random_drafter(shape, 1, 16, CHECKPOINTS / f"{shape}-dflash1x16")})
 
     return get
+
+
+PLAIN: dict[tuple[str, str], list[int]] = {}  # (shape, quantize) -> plain greedy's tokens, once per worker
 
 
 @pytest.mark.parametrize("proposer, k", QWEN3_SPEC)
@@ -182,13 +182,22 @@ def qwen3_family(tmp_path_factory):
 @pytest.mark.parametrize("shape", ["Qwen3-0.6B", "Qwen3-4B"])
 def test_speculative_greedy_gives_plain_greedy_tokens_at_the_qwen3_shapes(qwen3_family, shape, quantize, proposer,
                                                                            k):
+    """One case of a shape at a time over the workers of a parallel run (a lock: two 4B engines a
+    case, so several cases at once would not fit the GPU); each worker's plain tokens taken once."""
+    from bench.shapes import CHECKPOINTS, locked
+    from bench.workloads import free_memory
+
     target, drafts = qwen3_family(shape)
     prompt = repetitive_prompt()
     keys = dict(forward="persistent", quantize=quantize)
-    plain = build(target, **keys).generate(prompt, max_new_tokens=48).token_ids
-    options = {proposer: {"model": str(drafts[proposer])}} if proposer in drafts else {}
-    spec = build(target, **keys, proposer=proposer, spec_k=k, options=options)
-    assert spec.generate(prompt, max_new_tokens=48).token_ids == plain, f"{proposer}@{k}"
+    with locked(CHECKPOINTS / f".gpu-tests-{shape}.lock"):
+        if (shape, quantize) not in PLAIN:
+            PLAIN[shape, quantize] = build(target, **keys).generate(prompt, max_new_tokens=48).token_ids
+        options = {proposer: {"model": str(drafts[proposer])}} if proposer in drafts else {}
+        spec = build(target, **keys, proposer=proposer, spec_k=k, options=options)
+        assert spec.generate(prompt, max_new_tokens=48).token_ids == PLAIN[shape, quantize], f"{proposer}@{k}"
+        del spec
+        free_memory()
 
 
 # The shipped family (3 query heads a kv head) with its own draft model and DFlash drafter, on the
