@@ -24,7 +24,7 @@ from . import records as records_mod
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 # The modules whose tables() the report shows, in this order.
-MODULES = ("matrix", "steps", "speculative", "kernels", "server", "install", "quality", "peers")
+MODULES = ("matrix_tables", "steps", "speculative", "kernels", "server", "install", "quality", "peers")
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def charts(stores: list[Path]) -> list[Path]:
     except ImportError:
         print("notice: matplotlib is not installed, so no charts (pip install 'tileinfer[bench]')")
         return []
-    from .matrix import name, tables
+    from .matrix_tables import name, tables
 
     ablation = tables()[1]
     written = []

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench import matrix, records, report
+from bench import matrix_tables, records, report
 from bench.__main__ import main as bench
 from bench.workloads import VARIANTS
 
@@ -48,28 +48,28 @@ def test_gains_divide_by_the_default_of_the_same_run_and_only_that():
             row("reference", "prefill1024", 40.0),
             row("default", "prefill1024", 20.0, date=late), row(None, "prefill1024", 30.0, peer="hf-sdpa", date=late),
             row("eager", "decode128_ctx1024", 100.0, date=late), row("int8", "prefill1024", 80.0, date="d3")]
-    summary = matrix.summary_table(rows)
+    summary = matrix_tables.summary_table(rows)
     assert "| default | 10.0 ms, 1.00 TFLOP/s (50.0%) | 450 tok/s (90.0%) |" in summary  # the run of most variants
-    ablation = matrix.ablation_table(rows)
+    ablation = matrix_tables.ablation_table(rows)
     torch_matmul = "| torch-matmul | options.triton.matmul=torch options.triton.fuse_epilogue=false | 9.00 ms x0.90 |"
     assert torch_matmul in ablation
     assert "| reference | reference | 40.0 ms x4.00 |  |" in ablation
     assert "| int8 | quantize=int8 | 80.0 ms |  |" in ablation  # its run measured no default
     assert "| eager | eager |  | 100 tok/s |" in ablation  # its run's default has no decode row
-    graphs = matrix.graphs_table(rows)
+    graphs = matrix_tables.graphs_table(rows)
     assert "| fused | CUDA graphs | no-pipelining | 300 tok/s (60.0%) |  |" in graphs  # eager is in another run
     assert "| fused | CUDA graphs + pipelined | default | 450 tok/s (90.0%) | x1.50 |" in graphs
-    peers = matrix.peers_table(rows)
+    peers = matrix_tables.peers_table(rows)
     assert f"| default ({late}) | 20.0 ms |  |" in peers and "| hf-sdpa | 30.0 ms x1.50 |  |" in peers
     assert "Not measured (no record of this commit): hf-static-compile, engine-compiled," in peers
-    headline = matrix.headline_table(rows)
+    headline = matrix_tables.headline_table(rows)
     assert "| torch-matmul | 9.00 ms, 1.00 TFLOP/s (50.0%) x0.90 |  |" in headline
     assert "| hf-sdpa | 30.0 ms, 1.00 TFLOP/s (50.0%) x1.50 |  |" in headline  # over its own run's default
 
 
 def test_each_table_comes_from_the_newest_commit_that_has_every_row():
-    graph = next(t for t in matrix.tables() if "CUDA graphs" in t.title)  # the chain of decode128_ctx1024
-    chain = [v for _, c in matrix.GRAPH_TABLE for v in c]
+    graph = next(t for t in matrix_tables.tables() if "CUDA graphs" in t.title)  # the chain of decode128_ctx1024
+    chain = [v for _, c in matrix_tables.GRAPH_TABLE for v in c]
     full = [row(v, "decode128_ctx1024", 100.0 + i, commit="old", date="2026-11-01T00:00:00+00:00", shape="Qwen3-4B")
             for i, v in enumerate(chain)]
     newer = [row(v, "decode128_ctx1024", 200.0, commit="new", date="2026-12-01T00:00:00+00:00", shape="Qwen3-4B")
@@ -115,7 +115,7 @@ def test_a_tables_notices_follow_it_once_each_with_their_variants():
     for r in rows[1:]:
         r["notices"] = [fell_back]
     rows[2]["notices"].append("options.ngram (n_max) has no effect")
-    text = report.render("G", rows, matrix.tables())
+    text = report.render("G", rows, matrix_tables.tables())
     graphs = text.split("### S: CUDA graphs (decode128_ctx1024)\n\n")[1].split("\n\n### ")[0]
     assert graphs.endswith("gain: over the row above, blank across runs.\n\n"
                            f"Notice while measuring eager, no-pipelining: {fell_back}\n\n"

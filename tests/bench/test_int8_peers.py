@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import matrix, peers, records
+from bench import matrix_tables, peers, records
 from bench.__main__ import main as bench
 from bench.shapes import write_random_checkpoint
 from bench.workloads import workloads
@@ -106,7 +106,7 @@ def test_a_peer_that_cannot_run_is_a_record_with_its_reason_in_the_peers_table(t
     [row] = records.load(out)
     assert row["peer"] == "hf-torchao-int8" and row["value"] is None
     assert row["note"].startswith("RuntimeError: cannot run: torchao does not import (ModuleNotFoundError")
-    peer_table = matrix.peers_table([row])
+    peer_table = matrix_tables.peers_table([row])
     assert f"| hf-torchao-int8 | – ({row['note']}) |" in peer_table
     absent = [p for p in peers.PEERS if p != "hf-torchao-int8"]
     assert f"Not measured (no record of this commit): {', '.join(absent)}." in peer_table
@@ -123,7 +123,7 @@ def row(peer: str | None, value: float | None, note: str | None = None, variant:
 def test_peers_of_other_commands_follow_and_absent_peers_are_named():
     rows = [row(None, 400.0, variant="default"), row("engine-compiled-int8", 96.0),
             row("llama.cpp-q8_0", 300.0), row("hf-torchao-int8", None, "RuntimeError: cannot run: " + "x" * 150)]
-    table = matrix.peers_table(rows)
+    table = matrix_tables.peers_table(rows)
     lines = [line.split(" |")[0] for line in table.splitlines() if line.startswith("| ")]
     assert lines == ["| peer", "| default (2026-12-01T10:00:00+00:00)", "| engine-compiled-int8", "| hf-torchao-int8",
                      "| llama.cpp-q8_0"]

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from bench import matrix, peers, records
+from bench import matrix, matrix_tables, peers, records
 from bench.__main__ import main as bench
 from bench.workloads import VARIANTS
 from bench.workloads import NAMES
@@ -43,7 +43,7 @@ def rows(tmp_path_factory) -> dict[str, list[dict]]:
         gc.unfreeze()
     by_name: dict[str, list[dict]] = {}
     for r in records.load(folder / "records.jsonl"):
-        by_name.setdefault(matrix.name(r), []).append(r)
+        by_name.setdefault(matrix_tables.name(r), []).append(r)
     return by_name
 
 
