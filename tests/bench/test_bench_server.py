@@ -12,7 +12,7 @@ import os
 import pytest
 
 import tileinfer
-from bench import quality, records, server
+from bench import quality, records, server, server_flood
 from bench.__main__ import main as bench
 from conftest import REFERENCE_CPU
 from tileinfer.models import prompts
@@ -39,15 +39,15 @@ def test_server_bench_runs_and_records(tiny_checkpoint, tmp_path):
 
 def test_flood_phases_record_answers_latencies_and_memory(tiny_checkpoint, tmp_path, monkeypatch):
     pytest.importorskip("uvicorn")
-    monkeypatch.setattr(server, "SETTLE_S", 0.0)
+    monkeypatch.setattr(server_flood, "SETTLE_S", 0.0)
     engine = tileinfer.Engine.from_config(overrides=REFERENCE_CPU, model=str(tiny_checkpoint), progress=False)
     out = tmp_path / "records.jsonl"
     args = argparse.Namespace(flood_mb=5, flood_requests=1, new_tokens=2, prompts=1, device="cpu", commit="abc1234",
                               records=out)
     with server.Served(engine) as url:
-        server.flood_run(url, os.getpid(), args)  # 5 MB: over the 4 MiB limit
+        server_flood.flood_run(url, os.getpid(), args)  # 5 MB: over the 4 MiB limit
     rows = records.load(out)
-    assert [r["flood"] for r in rows] == list(server.FLOODS)
+    assert [r["flood"] for r in rows] == list(server_flood.FLOODS)
     for r in rows:
         assert r["kind"] == "server_flood" and r["failures"] == 0 and r["model"] == tiny_checkpoint.name
         assert positive(r["latency_ms"]) and positive(r["health_ms"]) and len(r["latencies_ms"]) == 1
@@ -55,7 +55,7 @@ def test_flood_phases_record_answers_latencies_and_memory(tiny_checkpoint, tmp_p
         assert (r["sends"] == 0) == (r["flood"] == "none") and sum(r["statuses"].values()) == r["sends"]
         assert set(r["statuses"]) <= {"413", "reset", "closed"}  # refused, never served
         assert (r["added_ms"] is None) == (r["flood"] == "none")
-    assert "| chunked |" in server.flood_render(rows)
+    assert "| chunked |" in server_flood.flood_render(rows)
 
 
 def test_loop_metrics():
