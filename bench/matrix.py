@@ -187,7 +187,7 @@ def run_name(folder: Path, chosen: list[Workload], device: torch.device, seconds
         for w in group:
             try:
                 measurement = measure(runner, w, seconds)
-                facts = {**(runner.last_decode if w.kind == "decode" else {}), "notices": runner.notices}
+                facts = {**(runner.last_decode if w.kind == "decode" else {}), "notices": list(runner.notices)}
                 done = row(workload=w, measurement=measurement, layout=runner.layout(), kv_capacity=capacity,
                            facts=facts, **base)
             except Exception as exc:  # noqa: BLE001

@@ -224,7 +224,7 @@ def main(args) -> int:
                             profile["timeline"] = timeline_summary(forward.timeline_items, forward.timeline)
                         run.add("step", shape=shape, variant=variant, tokens=t, context=n, value=ms, unit="ms",
                                 ratio_to_step1=ms / base if base else None, roofline_ms=roof,
-                                roofline_fraction=roof / ms, notices=runner.notices, **profile, **limits)
+                                roofline_fraction=roof / ms, notices=list(runner.notices), **profile, **limits)
                         print(f"{shape:11} {variant:10} T={t:2} N={n:6} {ms:8.3f} ms  roofline {roof:.3f} ms",
                               flush=True)
                         if "timeline" in profile:
@@ -239,7 +239,8 @@ def main(args) -> int:
                     for n in args.contexts:
                         ms, plain = loop_step_ms(runner.engine, k, n, args.repeats), step1[variant, n]
                         run.add("step", shape=shape, variant=variant, proposer=name, k=k, tokens=k + 1, context=n,
-                                value=ms, unit="ms", ratio_to_step1=ms / plain, notices=runner.notices, **limits)
+                                value=ms, unit="ms", ratio_to_step1=ms / plain, notices=list(runner.notices),
+                                **limits)
                         print(f"{shape:11} {variant:10} {name}@{k:<7} loop N={n:6} {ms:8.3f} ms  x{ms / plain:5.2f}",
                               flush=True)
                 finally:
