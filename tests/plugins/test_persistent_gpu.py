@@ -39,9 +39,10 @@ def build(folder, **keys) -> tileinfer.Engine:
 
 
 @pytest.fixture(scope="module")
-def qwen3_06b(tmp_path_factory):
-    from bench.shapes import write_random_checkpoint
-    return write_random_checkpoint("Qwen3-0.6B", tmp_path_factory.mktemp("q06b"))
+def qwen3_06b():
+    """The benchmarks' random Qwen3-0.6B checkpoint, written once for every worker of a run."""
+    from bench.shapes import CHECKPOINTS, write_random_checkpoint
+    return write_random_checkpoint("Qwen3-0.6B", CHECKPOINTS / "Qwen3-0.6B")
 
 
 @pytest.fixture(scope="module", params=["tiny", "Qwen3-0.6B", "shipped"])
