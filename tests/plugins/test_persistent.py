@@ -104,7 +104,7 @@ def test_rows_are_the_same_bits_in_one_step_or_several(case):
 
 
 @pytest.mark.parametrize("options", [{"stages": 1}, {"item_calls": True},
-                                     {"schedule": "dynamic"}])
+                                     {"schedule": "dynamic"}, {"norm": "pipelined"}])
 def test_how_the_chunks_are_loaded_changes_no_bit(case, options):
     """Options that change when a chunk is loaded, which program runs an item, or how the kernel is
     compiled, not what it adds up (the counters zero again after a dynamic schedule too)."""
@@ -131,6 +131,23 @@ def test_split_k_runs_match_the_per_op_step_and_keep_rows_batch_invariant(case):
     together = together.clone()
     case.restore()
     alone, _ = case.step(split, CONTEXT, 1)
+    assert torch.equal(alone[0], together[0]) and not bufs.counters.any()
+
+
+def test_a_folded_norm_matches_the_per_op_step_and_keeps_rows_batch_invariant(case):
+    """``norm=folded``: no pass over the rows; the squares summed in the main loop and the row scale
+    applied to the accumulators (float32 here: rounding apart from the per-op chain, within TOL)."""
+    folded = PersistentForward(case.model, options={**OPTIONS, "norm": "folded"})
+    case.restore()
+    ref, _ = case.step(case.per_op, CONTEXT, 3)
+    case.restore()
+    _, bufs = folded._bind(case.kv)
+    bufs.poison()
+    together, _ = case.step(folded, CONTEXT, 3)
+    torch.testing.assert_close(together, ref, **TOL)
+    together = together.clone()
+    case.restore()
+    alone, _ = case.step(folded, CONTEXT, 1)
     assert torch.equal(alone[0], together[0]) and not bufs.counters.any()
 
 
@@ -264,7 +281,8 @@ def test_a_stack_that_is_not_qwen3_is_named(case, caplog):
                                         ({"block_k": 96}, "block_k=96"), ({"chunk": 96}, "chunk=96"),
                                         ({"num_warps": 6}, "num_warps=6: 4 or 8"),
                                         ({"block_n": "64,64,128,64,64", "block_k": 64},
-                                         "gate_up's 128 columns exceed block_k=64")])
+                                         "gate_up's 128 columns exceed block_k=64"),
+                                        ({"norm": "fused"}, "norm")])
 def test_bad_options_are_refused_at_load(checkpoint_factory, bad, words):
     overrides = ["forward=persistent", *(f"options.persistent.{k}={v}" for k, v in bad.items())]
     with pytest.raises(ConfigError, match=words):
