@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
+
+from tileinfer.model_config import ModelConfig
 
 from . import records, sm90_build
 from .shapes import model_config
@@ -33,7 +36,7 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
     from tileinfer.backends.triton import persistent as P
     from tileinfer.backends.triton.persistent_plan import StepShape
 
-    mc = model_config(shape)
+    mc = ModelConfig.from_folder(Path(shape)) if (Path(shape) / "config.json").is_file() else model_config(shape)
     block_n = tuple(int(b) for b in str(options.get("block_n", "16,16,16,16,64")).split(","))
     step = StepShape(hidden=mc.hidden_size, heads=mc.num_heads, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                      intermediate=mc.intermediate_size, vocab=mc.vocab_size, layers=mc.num_layers, page_size=64,
@@ -83,7 +86,8 @@ def option(text: str) -> tuple[str, object]:
 
 def arguments(p) -> None:
     p.description = __doc__.split("\n\n")[0]
-    p.add_argument("--shape", default="Qwen3-4B", help="model shape of bench/shapes.py (default Qwen3-4B)")
+    p.add_argument("--shape", default="Qwen3-4B", help="model shape of bench/shapes.py (default Qwen3-4B), or a "
+                   "checkpoint folder (its config.json), e.g. models/target")
     p.add_argument("--int8", action="store_true", help="int8 weights with float32 row scales")
     p.add_argument("--kv-int8", action="store_true", help="int8 KV pages with float32 scales and key smoothing")
     p.add_argument("options", nargs="*", type=option, metavar="KEY=VALUE", help="options.persistent.KEY")
