@@ -179,13 +179,13 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     wrote = 1
     if SPLITS > 1:
         tl.static_assert(not SWIGLU, "split K runs are for the plain and residual GEMVs")
-        tl.store(split_ptr + split * (BLOCK_T * N) + at, acc, mask=n_ok[None, :])
+        tl.store(split_ptr + split * (BLOCK_T * N) + at, acc, mask=row_ok[:, None] & n_ok[None, :])
         tl.debug_barrier()
         wrote = (tl.atomic_add(tile_counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1).to(tl.int32)
         if wrote != 0:  # the tile's last split: the partial sums in split order
             acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
             for j in range(SPLITS):
-                acc += tl.load(split_ptr + j * (BLOCK_T * N) + at, mask=n_ok[None, :], other=0.0,
+                acc += tl.load(split_ptr + j * (BLOCK_T * N) + at, mask=row_ok[:, None] & n_ok[None, :], other=0.0,
                                cache_modifier=".cg")
     if wrote != 0:
         out_ty = y_ptr.dtype.element_ty
@@ -308,9 +308,9 @@ def attention_item(q_ptr, k_pages, v_pages, ks_ptr, vs_ptr, smooth_ptr, bt_ptr, 
                                      stride_ks, stride_kp, stride_ks, stride_sp, qpos, lo, full_end, hi, qk_scale,
                                      offs_d, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST, DOT_PRECISION)
     row = (kv_head * NUM_SPLITS + split) * BLOCK_M + offs_m
-    tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc)
-    tl.store(stat_ptr + row, m_i)
-    tl.store(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, l_i)
+    tl.store(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], acc, mask=row_ok[:, None])  # T's rows only
+    tl.store(stat_ptr + row, m_i, mask=row_ok)
+    tl.store(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, l_i, mask=row_ok)
     tl.debug_barrier()
     last = tl.atomic_add(split_counter, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1
     if last:
@@ -324,19 +324,22 @@ def _combine(part_ptr, stat_ptr, out_ptr, kv_head, offs_m, offs_d, tok, head, ro
              H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
              BLOCK_M: tl.constexpr):
     """``sum_s w_s acc_s / sum_s w_s l_s`` with ``w_s = exp2(m_s - max_s m_s)``, summed in split
-    order (a split that saw no key of a row has ``m_s = -inf``: weight 0, adds exact zeros)."""
+    order (a split that saw no key of a row has ``m_s = -inf``: weight 0, adds exact zeros). Only the
+    step's rows (``row_ok``) are read: at T = 1, GROUP of the 16 * GROUP rows."""
     first = kv_head * NUM_SPLITS * BLOCK_M + offs_m
     m_all = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(NUM_SPLITS):
-        m_all = tl.maximum(m_all, tl.load(stat_ptr + first + s * BLOCK_M, cache_modifier=".cg"))
+        m_s = tl.load(stat_ptr + first + s * BLOCK_M, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        m_all = tl.maximum(m_all, m_s)
     m_sub = tl.where(m_all == float("-inf"), 0.0, m_all)
     num = tl.zeros([BLOCK_M, D], tl.float32)
     den = tl.zeros([BLOCK_M], tl.float32)
     for s in range(NUM_SPLITS):
         row = first + s * BLOCK_M
-        w = tl.math.exp2(tl.load(stat_ptr + row, cache_modifier=".cg") - m_sub)
-        den += tl.load(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, cache_modifier=".cg") * w
-        num += tl.load(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], cache_modifier=".cg") * w[:, None]
+        w = tl.math.exp2(tl.load(stat_ptr + row, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - m_sub)
+        den += tl.load(stat_ptr + HKV * NUM_SPLITS * BLOCK_M + row, mask=row_ok, other=0.0, cache_modifier=".cg") * w
+        num += tl.load(part_ptr + row.to(tl.int64)[:, None] * D + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                       cache_modifier=".cg") * w[:, None]
     out = num / tl.where(den > 0, den, 1.0)[:, None]
     tl.store(out_ptr + (tok * (H * D) + head * D)[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
