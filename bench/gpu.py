@@ -100,8 +100,11 @@ CHECKS = {
               (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
                      "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
     # how the persistent step's qkv, gate_up and lm_head items normalize their rows: the pass after the wait, the
-    # pass pipelined, or folded into the main loop (no pass), both shapes, T = 1 and 16
-    "norm": [(270, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", *NORM_NAMES]),
+    # pass pipelined, or folded into the main loop (no pass), both shapes, T = 1 and 16; at 4B also attention chunks
+    # of 64 positions over 32 splits (after 1,024 positions every split's item one 32 KiB chunk, not 8 of 16 one of
+    # 64 KiB)
+    "norm": [(300, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", *NORM_NAMES,
+                    "--variant", "persistent+options.persistent.chunk=64+options.persistent.num_splits=32"]),
              (200, ["steps", "--shape", "Qwen3-0.6B", "--contexts", "1024", "--tokens", "1,16", *NORM_NAMES])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
