@@ -117,37 +117,23 @@ def test_how_the_chunks_are_loaded_changes_no_bit(case, options):
     assert torch.equal(out, plain) and not fwd._bind(case.kv)[1].counters.any()
 
 
-def test_split_k_runs_match_the_per_op_step_and_keep_rows_batch_invariant(case):
-    """o_proj and down tiles in K runs (their partial sums added in run order by the tile's last):
-    the per-op step's logits, and a token's row the same bits alone or in a step of several."""
-    split = PersistentForward(case.model, options={**OPTIONS, "split_k": 2})
+@pytest.mark.parametrize("options", [{"split_k": 2}, {"norm": "folded"}])
+def test_options_that_change_the_sums_match_the_per_op_step_and_keep_rows_batch_invariant(case, options):
+    """``split_k``: o_proj and down tiles in K runs, their partial sums added in run order by the
+    tile's last; ``norm=folded``: no pass over the rows, the squares summed in the main loop and the
+    row scale applied to the accumulators. Each: the per-op step's logits (float32: within TOL), and
+    a token's row the same bits alone or in a step of several."""
+    fwd = PersistentForward(case.model, options={**OPTIONS, **options})
     case.restore()
     ref, _ = case.step(case.per_op, CONTEXT, 3)
     case.restore()
-    _, bufs = split._bind(case.kv)
+    _, bufs = fwd._bind(case.kv)
     bufs.poison()
-    together, _ = case.step(split, CONTEXT, 3)
+    together, _ = case.step(fwd, CONTEXT, 3)
     torch.testing.assert_close(together, ref, **TOL)
     together = together.clone()
     case.restore()
-    alone, _ = case.step(split, CONTEXT, 1)
-    assert torch.equal(alone[0], together[0]) and not bufs.counters.any()
-
-
-def test_a_folded_norm_matches_the_per_op_step_and_keeps_rows_batch_invariant(case):
-    """``norm=folded``: no pass over the rows; the squares summed in the main loop and the row scale
-    applied to the accumulators (float32 here: rounding apart from the per-op chain, within TOL)."""
-    folded = PersistentForward(case.model, options={**OPTIONS, "norm": "folded"})
-    case.restore()
-    ref, _ = case.step(case.per_op, CONTEXT, 3)
-    case.restore()
-    _, bufs = folded._bind(case.kv)
-    bufs.poison()
-    together, _ = case.step(folded, CONTEXT, 3)
-    torch.testing.assert_close(together, ref, **TOL)
-    together = together.clone()
-    case.restore()
-    alone, _ = case.step(folded, CONTEXT, 1)
+    alone, _ = case.step(fwd, CONTEXT, 1)
     assert torch.equal(alone[0], together[0]) and not bufs.counters.any()
 
 
