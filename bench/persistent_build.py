@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 from pathlib import Path
 
 from tileinfer.model_config import ModelConfig
 
 from . import records, sm90_build
-from .shapes import model_config
+from .shapes import SHAPES, model_config
 
 INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
 BOOLS = ("item_calls", "l2_prefetch")
@@ -95,6 +96,10 @@ def arguments(p) -> None:
 
 
 def main(args) -> int:
+    if args.shape not in SHAPES and not (Path(args.shape) / "config.json").is_file():
+        print(f"error: --shape {args.shape}: neither a shape ({', '.join(SHAPES)}) nor a checkpoint folder with a "
+              "config.json", file=sys.stderr)
+        return 2
     result = compile_step(args.shape, int8=args.int8, kv_int8=args.kv_int8, **dict(args.options))
     run = records.Run("cpu", commit=args.commit, path=args.records)
     run.add("persistent_build", **result)
