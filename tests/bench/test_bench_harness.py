@@ -144,7 +144,8 @@ def test_the_json_schema_workload_decodes_its_tokens_under_the_grammar(tiny_chec
 
 
 def test_a_persistent_build_of_an_unknown_shape_is_a_one_line_error(capsys, tmp_path):
-    assert bench(["persistent-build", "--shape", str(tmp_path / "nothing"), "--records", str(tmp_path / "r.jsonl")]) == 2
+    records = tmp_path / "r.jsonl"
+    assert bench(["persistent-build", "--shape", str(tmp_path / "nothing"), "--records", str(records)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: --shape ") and "checkpoint folder" in err
-    assert not (tmp_path / "r.jsonl").exists()
+    assert not records.exists()
