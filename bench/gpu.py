@@ -28,10 +28,6 @@ PREFETCH_NAMES = [a for name in ("default", "default+options.triton.l2_prefetch=
                                   "persistent+options.persistent.schedule=dynamic+options.persistent.l2_prefetch=true")
                   for a in ("--variant", name)]
 ON_GPU = "tests/plugins/test_persistent_gpu.py::test_"
-NORM_NAMES = [a for name in ("default", "persistent", "persistent+options.persistent.norm=pipelined",
-                              "persistent+options.persistent.norm=folded",
-                              "persistent+options.persistent.norm=folded+options.persistent.l2_prefetch=true")
-              for a in ("--variant", name)]
 # qkv's 384 tiles of 16 columns take two rounds of the 264 programs at 4B; of 32, one
 QKV_32 = ["--variant", "persistent+options.persistent.block_n=32,16,16,16,64"]
 # check -> (seconds at most, the command's arguments) for each step, with minutes estimated for the whole
@@ -99,13 +95,6 @@ CHECKS = {
                      "tests/core/test_structured_generation.py", "--workers", "3", "--seconds", "350"]),
               (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
                      "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
-    # how the persistent step's qkv, gate_up and lm_head items normalize their rows: the pass after the wait, the
-    # pass pipelined, or folded into the main loop (no pass), both shapes, T = 1 and 16; at 4B also attention chunks
-    # of 64 positions over 32 splits (after 1,024 positions every split's item one 32 KiB chunk, not 8 of 16 one of
-    # 64 KiB)
-    "norm": [(300, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", *NORM_NAMES,
-                    "--variant", "persistent+options.persistent.chunk=64+options.persistent.num_splits=32"]),
-             (200, ["steps", "--shape", "Qwen3-0.6B", "--contexts", "1024", "--tokens", "1,16", *NORM_NAMES])],
     "stream": [(150, ["stream-probe"]),
                (90, ["stream-probe", "--shape", "Qwen3-4B", "--programs-per-sm", "2"]),
                (150, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
@@ -117,8 +106,7 @@ CHECKS = {
                          "--prefill-tiles", "rule,128x128,128x128+tma,ws128x128", "--repeats", "20"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10, "json": 8, "prefetch": 10, "close": 10,
-           "norm": 9}
+           "attention": 7, "int8_layout": 10, "json": 8, "prefetch": 10, "close": 10}
 
 
 def step_argv(argv: list[str], extra: list[str]) -> list[str]:

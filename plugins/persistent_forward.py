@@ -48,11 +48,6 @@ class PersistentForward(ForwardPass):
         Option("int8_convert", str, "bits", "how the GEMV items turn int8 weights into floats (the same values): "
                "bit patterns, byte permutes (inline PTX: a GPU only), or Triton's cast",
                choices=("bits", "permute", "cast")),
-        Option("norm", str, "pass", "how the qkv, gate_up and lm_head items normalize their input rows: pass (a "
-               "pass over the rows after the wait, then each chunk rounded as Qwen3 rounds), pipelined (the same "
-               "pass through the compiler's pipeline of `stages` stages: the same bits), folded (no pass: the "
-               "squares summed in the main loop, the row scale applied to the accumulators: other last bits)",
-               choices=("pass", "pipelined", "folded")),
         Option("schedule", str, "static", "which program runs which work item: static (program p takes items p, "
                "p + programs, ...) or dynamic (each program takes the next untaken item from a counter, so that one "
                "delayed by a wait takes fewer)", choices=("static", "dynamic")),
@@ -211,8 +206,7 @@ class PersistentForward(ForwardPass):
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
                       causal=step.causal, stages=self.options["stages"],
                       item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"],
-                      l2_prefetch=self.options["l2_prefetch"], schedule=self.options["schedule"],
-                      norm=self.options["norm"])
+                      l2_prefetch=self.options["l2_prefetch"], schedule=self.options["schedule"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

@@ -46,7 +46,6 @@ from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS
 from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape
 
 SCHEDULES = {"static": False, "dynamic": True}
-NORMS = {"pass": 0, "pipelined": 1, "folded": 2}  # how a GEMV item normalizes its rows (gemv_item's NORM_MODE)
 
 # The item kinds and the pointer table's width, as constants of the kernel.
 QKV, ATTN_IN, ATTN, O_PROJ, GATE_UP, DOWN = (tl.constexpr(k) for k in (plan_.QKV, plan_.ATTN_IN, plan_.ATTN,
@@ -97,7 +96,6 @@ def _persistent_step_kernel(
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
     STAGES: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
     CONVERT: tl.constexpr, PREFETCH: tl.constexpr, DYNAMIC: tl.constexpr, ATTN_ROWS: tl.constexpr,
-    NORM_MODE: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -138,7 +136,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
                       HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
-                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH, NORM_MODE=NORM_MODE)
+                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
@@ -176,7 +174,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
                       HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
-                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH, NORM_MODE=NORM_MODE)
+                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
             signal(c + C_GU + index * BN_GU // K_RUN_DOWN)
         elif kind == DOWN:
             tile = index % NT_DOWN
@@ -194,7 +192,7 @@ def _persistent_step_kernel(
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_DOWN, tl.cdiv(HIDDEN, BN_DOWN),
                       HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
-                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH, NORM_MODE=NORM_MODE)
+                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
         if TIMELINE:
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
@@ -227,14 +225,12 @@ _step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)
 
 def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
                      timeline: bool = False, stages: int = 1,
-                     int8_convert: str = "bits", l2_prefetch: bool = False, schedule: str = "static",
-                     norm: str = "pass") -> dict:
+                     int8_convert: str = "bits", l2_prefetch: bool = False, schedule: str = "static") -> dict:
     """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
     ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles, whose int8 weights take
     Triton's cast; else ``int8_convert`` of linear_tiles.INT8_CONVERTS; ``l2_prefetch``: each GEMV
     item's weight tile asked of the L2 before its wait, never under the interpreter; ``schedule``:
-    ``static`` (program p takes items p, p + programs, ...) or ``dynamic`` (the next untaken item));
-    ``norm``: how the qkv, gate_up and lm_head items normalize their rows (``NORMS``: gemv_item's NORM_MODE))."""
+    ``static`` (program p takes items p, p + programs, ...) or ``dynamic`` (the next untaken item))."""
     s = shape
     return dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
                 PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
@@ -244,7 +240,7 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
                 CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert],
                 PREFETCH=l2_prefetch and not dot_f32 and _rows_aligned(s, int8),
-                DYNAMIC=SCHEDULES[schedule], ATTN_ROWS=s.attention_rows, NORM_MODE=NORMS[norm])
+                DYNAMIC=SCHEDULES[schedule], ATTN_ROWS=s.attention_rows)
 
 
 def _rows_aligned(s: StepShape, int8: bool) -> bool:
@@ -265,7 +261,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
                            causal: bool = True, stages: int = 1, item_calls: bool = False,
                            int8_convert: str = "bits", l2_prefetch: bool = False, schedule: str = "static",
-                           norm: str = "pass", warmup: bool = False):
+                           warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -280,9 +276,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     tokens (a block drafter's step). ``stages``, ``int8_convert``, ``l2_prefetch``: how
     the GEMV items load and convert their chunks
     (:func:`persistent_items.gemv_item`; the same bits). ``schedule``: which program takes which
-    item (:func:`kernel_constants`; the same bits). ``norm``: how the GEMV items normalize their rows
-    (``pass``, ``pipelined``: the same bits; ``folded``: other last bits; :func:`persistent_items.gemv_item`).
-    ``item_calls``: the kernel whose work items
+    item (:func:`kernel_constants`; the same bits). ``item_calls``: the kernel whose work items
     are calls, not inlined (:func:`_items_as_calls`). ``timeline``: int64 ``[n_items, 3]``, where
     each item's program, start and end (ns of the GPU's global timer) are written (profiling; None:
     not). ``warmup``: compile, do not run; returns the compiled kernel (for
@@ -302,7 +296,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
                                upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
                                stages=stages, int8_convert=int8_convert,
-                               l2_prefetch=l2_prefetch, schedule=schedule, norm=norm),
+                               l2_prefetch=l2_prefetch, schedule=schedule),
               **compile_options(num_warps, max_registers))
     kernel = step_kernel(item_calls)
     if warmup:

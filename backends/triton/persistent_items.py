@@ -62,14 +62,14 @@ def _load_x(x_rows, row_ok, k0, offs_k, K: tl.constexpr):
 
 
 @triton.jit
-def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr, STAGES: tl.constexpr = 1):
+def _row_rstd(x_ptr, row_ok, K: tl.constexpr, eps, BLOCK_K: tl.constexpr):
     """``rsqrt(mean(x^2) + eps)`` of the 16 rows at ``x_ptr`` (``[16, K]`` contiguous), summed in
-    BLOCK_K chunks (loaded through the compiler's pipeline of STAGES stages): ``[16, 1]`` float32."""
+    BLOCK_K chunks: ``[16, 1]`` float32."""
     offs_t = tl.arange(0, BLOCK_T)
     offs_k = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + offs_t[:, None] * K + offs_k[None, :]
     ss = tl.zeros([BLOCK_T], tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+    for k0 in range(0, K, BLOCK_K):
         x = _load_x(x_rows, row_ok, k0, offs_k, K).to(tl.float32)
         ss += tl.sum(x * x, 1)
     return tl.math.rsqrt(ss / K + eps)[:, None]
@@ -87,15 +87,11 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
               SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None,
-              CONVERT: tl.constexpr = 0, PREFETCH: tl.constexpr = False, NORM_MODE: tl.constexpr = 0):
+              CONVERT: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
-    where INT8). NORM: ``x`` RMS-normalized with weight ``nw``; NORM_MODE 0, a pass over the rows
-    after the wait, then each chunk rounded as Qwen3 rounds (``round(nw * round(x * rstd))``); 1, the
-    same with the pass's loads through the compiler's pipeline of STAGES stages (the same bits); 2
-    (folded), no pass: each chunk's squares summed in the main loop and ``round(nw * x)`` multiplied
-    in, the row's ``rstd`` applied to the float32 accumulators (other last bits than the per-op chain's
-    roundings; rows still batch-invariant).
+    where INT8). NORM: ``x`` RMS-normalized with weight ``nw``: a pass over the rows after the wait,
+    then each chunk rounded as Qwen3 rounds (``round(nw * round(x * rstd))``).
     SWIGLU: rows ``n`` (gate) and ``UP_ROWS + n`` (up), each accumulator rounded to y's dtype,
     then ``silu(g) * u``. RESIDUAL: ``y = round(y + y_old)`` (in place: the residual stream).
     ``capture >= 0``: the result also at ``cap_ptr``. Waits for ``wait_ptr`` to reach
@@ -140,23 +136,15 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
         if SWIGLU:
             wu = _load_weight(w_rows + UP_ROWS * K, k_lo, offs_k, K, n_ok)
     wait_for(wait_ptr, wait_target)
-    FOLDED: tl.constexpr = NORM and NORM_MODE == 2
-    tl.static_assert(not FOLDED or SPLITS == 1, "a folded norm sums the squares of the whole row")
-    if NORM and not FOLDED:
-        rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K, STAGES if NORM_MODE == 1 else 1)
-    ss = tl.zeros([BLOCK_T], tl.float32)
+    if NORM:
+        rstd = _row_rstd(x_ptr, row_ok, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     acc_u = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         x = _load_x(x_rows, row_ok, k0, offs_k, K)
         if NORM:
             nw = tl.load(nw_ptr + k0 + offs_k, mask=k0 + offs_k < K, other=0.0).to(tl.float32)
-            if FOLDED:
-                xf = x.to(tl.float32)
-                ss += tl.sum(xf * xf, 1)
-                x = (nw[None, :] * xf).to(act_ty)
-            else:
-                x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
+            x = scale_normalized(x.to(tl.float32), rstd, nw[None, :], act_ty)
         if STAGES > 1:  # the compiler's pipeline keeps STAGES - 1 chunks in flight (through shared memory)
             wg = _load_weight(w_rows, k0, offs_k, K, n_ok)
             acc = dot_chunk(x, wg, acc, DOT_F32, INT8, CONVERT, False)
@@ -171,10 +159,6 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
                 next_u = _load_weight(w_rows + UP_ROWS * K, k0 + BLOCK_K, offs_k, K, n_ok)
                 acc_u = dot_chunk(x, wu, acc_u, DOT_F32, INT8, CONVERT, False)
                 wu = next_u
-    if FOLDED:
-        rstd = tl.math.rsqrt(ss / K + eps)[:, None]
-        acc = acc * rstd
-        acc_u = acc_u * rstd
     at = offs_t[:, None] * N + offs_n[None, :]
     wrote = 1
     if SPLITS > 1:

@@ -83,21 +83,6 @@ def test_steps_agree_with_the_per_op_step(folder, quantize, kv_store):
         close(out, ref)
 
 
-@pytest.mark.parametrize("quantize", ["none", "int8"])
-def test_a_folded_norm_agrees_with_the_per_op_step_and_keeps_rows_batch_invariant(folder, quantize):
-    """``norm=folded`` rounds ``w * x`` where the per-op chain rounds ``w * round(x * rstd)``: the
-    per-op bound, and a row the same bits alone or in a 16-token step."""
-    e = build(folder, quantize=quantize)
-    per_op, fwd = PerOpForward(e.model), PersistentForward(e.model, options={"norm": "folded"})
-    for t in (1, 16):
-        ref, _ = steps(e, t, per_op)
-        out, _ = steps(e, t, fwd)
-        close(out, ref)
-    together, _ = steps(e, 16, fwd)
-    alone, _ = steps(e, 1, fwd)
-    assert torch.equal(alone[0], together[0])
-
-
 @pytest.mark.parametrize("quantize, kv_store", [("none", "paged"), ("int8", "paged"), ("none", "paged_int8")])
 def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_store):
     e = build(folder, quantize=quantize, kv_store=kv_store)
@@ -116,7 +101,7 @@ def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_
 @pytest.mark.parametrize("options", [{"stages": 1},
                                      {"item_calls": True, "max_registers": 128, "programs_per_sm": 4},
                                      {"int8_convert": "permute"}, {"int8_convert": "cast"}, {"l2_prefetch": True},
-                                     {"schedule": "dynamic"}, {"norm": "pipelined"}])
+                                     {"schedule": "dynamic"}])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 def test_how_the_chunks_are_loaded_changes_no_bit(folder, quantize, options):
     """Options that change when or how a GEMV chunk reaches the program (or how int8 weights become

@@ -35,28 +35,3 @@ def test_weights_and_pages_load_in_16_byte_vectors(tmp_path):
         assert weights and all(op.endswith(".128") for op in weights), result
         assert result["spill_stores"] <= 256 and result["programs_per_sm"] >= 2, result
         assert (result["l2_prefetches"] > 0) == result["options"].get("l2_prefetch", False), result
-
-
-
-NORM_SCRIPT = f'''
-import json, sys
-sys.path.insert(0, {str(ROOT)!r})
-from bench.persistent_build import compile_step
-print(json.dumps([compile_step("Qwen3-4B", stages=3, norm=norm) for norm in ("pass", "pipelined", "folded")]))
-'''
-
-
-def test_the_norm_modes_build_as_they_claim(tmp_path):
-    """With the default 3 stages: ``pipelined`` moves the norm pass's direct L2 loads into cp.async
-    copies (more ``LDGSTS``, fewer ``LDG...STRONG.GPU``); ``folded`` has no pass (the fewest direct
-    loads, no more copies than ``pass``)."""
-    def direct(r: dict) -> int:
-        return sum(n for op, n in r["global_memory"].items() if op.startswith("LDG") and "STRONG" in op)
-
-    def copies(r: dict) -> int:
-        return sum(n for op, n in r["global_memory"].items() if op.startswith("LDGSTS"))
-
-    plain, pipelined, folded = compiled_results(NORM_SCRIPT, tmp_path / "compile_norms.py")
-    assert [r["options"]["norm"] for r in (plain, pipelined, folded)] == ["pass", "pipelined", "folded"]
-    assert copies(pipelined) > copies(plain) and direct(pipelined) < direct(plain)
-    assert direct(folded) < direct(plain) and copies(folded) == copies(plain)
