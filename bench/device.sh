@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # The GPU machine (device tool) has no network and no omegaconf: carry its wheel, the INT8 peers'
 # packages (torchao 0.18.0's abi3 wheel, gemlite 0.6.0.post2's sdist: pure Python/Triton), and
-# pytest-xdist with execnet (the GPU tests over several processes: python -m bench gpu-tests).
+# pytest-xdist with execnet (the GPU tests over several processes: python -m bench gpu-tests), xgrammar with
+# what it needs (structured outputs: bench check json) and jsonschema with its needs (the structured-output tests).
 #   here:  bash bench/device.sh wheels        # downloads into .whl/ (git-ignored via .git/info/exclude)
 #   there: source bench/device.sh setup       # installs the carried wheels and tileinfer, no network
 # Every device call names .whl in `carry` and starts with `source bench/device.sh setup`, then runs
 # `python3 -m bench ...` (python -m bench --help lists the calls). All of
-# .whl is about 4 MB (omegaconf 0.25, torchao 3.4, gemlite 0.18, xdist 0.09); a call carries 64 MiB in all.
+# .whl is about 12 MB (torchao 3.4, tvm-ffi 3.3, pydantic-core 2.3, xgrammar 1.4, the rest under 1); a call carries
+# 64 MiB in all.
 # A peer package that does not install there is a notice, not a failure: its rows then record why.
 case "${1:-}" in
   wheels)
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl omegaconf==2.4.0 torchao==0.18.0 \
-      pytest-xdist==3.8.0 execnet==2.1.1
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 -d .whl omegaconf==2.4.0 torchao==0.18.0 pytest-xdist==3.8.0 execnet==2.1.1 \
+      xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 \
+      typing-inspection==0.4.5 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
+      rpds-py==2026.9.1 attrs==26.1.0
     python3 -m pip download -q --no-deps --no-binary :all: -d .whl gemlite==0.6.0.post2
     ls -l .whl && du -sh .whl ;;
   setup)

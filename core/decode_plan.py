@@ -5,15 +5,18 @@ drafts made on the host by the proposer, verified in one step), ``device`` (spec
 verified and accepted on the device: ``tileinfer.device_speculation``). Policies: eager (the host
 reads each step's record before it enqueues the next step) or one step behind (``ahead``: the next
 step is enqueued before the last one's record is read, so that the device never waits for the
-host; the step enqueued after a stop is discarded).
+host; the step enqueued after a stop is discarded). Under a grammar plain decoding may run split
+(``split``): the next step's forward pass is enqueued before the last token is read, its mask
+(which follows that token) and sampling after, so that the device runs the forward pass while the
+host advances the grammar and computes the mask.
 
 ``DecodePlan.from_config`` reads the resolved config once, when the engine is built: ``pipelined``
 on a CUDA device puts the host one step behind, for plain decoding and, with a proposer that
 drafts on the device (``Proposer.draft_on_device``) and ``spec_k`` of at most 15, for the device
 loop; a proposer that drafts on the host only is verified eagerly. Each key that cannot apply says
 why in one notice. ``DecodePlan.choose`` then answers per generation, from its own settings: a
-generation that asks for logprobs or has a grammar is read eagerly (the host reads each step's
-logits, or advances the grammar by its tokens before it masks the next); the device loop takes
+generation that asks for logprobs is read eagerly (the host reads each step's logits), one with a
+grammar runs plain decoding split, or host drafting (the grammar cuts the drafts); the device loop takes
 greedy generations without history-using penalties, logprobs, logit_bias or a grammar whose tokens
 and run-ahead fit the KV store and the proposer's reach, the others fall back to host drafting. A
 fallback carries its reason. The loop that ran is named in the stats (``decode_loop``): ``LOOPS``.
@@ -30,23 +33,26 @@ from tileinfer.interfaces import Proposer, Sampler
 from tileinfer.notices import notice
 
 STRATEGIES = ("plain", "host", "device")
-LOOPS = {("plain", False): "sequential", ("plain", True): "pipelined", ("host", False): "speculative-sequential",
-         ("device", True): "speculative-device"}
+LOOPS = {("plain", False, False): "sequential", ("plain", True, False): "pipelined",
+         ("plain", True, True): "pipelined-grammar", ("host", False, False): "speculative-sequential",
+         ("device", True, False): "speculative-device"}
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The strategy and policy of one generation; ``reason``: why the plan's own did not apply
-    (empty when it did)."""
+    """The strategy and policy of one generation; ``split``: the forward pass of a plain step is
+    enqueued before the last token is read, its mask and sampling after (a grammar's, ``ahead``
+    only); ``reason``: why the plan's own did not apply (empty when it did)."""
 
     strategy: str
     ahead: bool
     reason: str = ""
+    split: bool = False
 
     @property
     def loop(self) -> str:
         """The name the stats give it (``GenerationStats.decode_loop``)."""
-        return LOOPS[(self.strategy, self.ahead)]
+        return LOOPS[(self.strategy, self.ahead, self.split)]
 
 
 @dataclass(frozen=True)
@@ -64,9 +70,9 @@ class DecodePlan:
     proposer: Proposer | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if (self.strategy, self.ahead) not in LOOPS:
+        if (self.strategy, self.ahead, False) not in LOOPS:
             raise ValueError(f"no decode loop runs strategy {self.strategy!r} with ahead={self.ahead}; "
-                             f"valid: {sorted(LOOPS)}")
+                             f"valid: {sorted(key[:2] for key in LOOPS if not key[2])}")
         if (self.strategy != "plain") != (self.proposer is not None):
             raise ValueError(f"strategy {self.strategy!r} with proposer {self.proposer!r}")
 
@@ -104,12 +110,13 @@ class DecodePlan:
         """The strategy and policy of a generation of ``max_new`` tokens after ``prompt_len`` with
         ``sampler``'s current params, ``logprobs`` (None: not asked for), over a KV store of
         ``capacity`` positions; ``logit_bias``: the sampler adds a bias to the logits; ``grammar``:
-        a grammar masks each step's tokens, computed on the host from the tokens committed before."""
+        a grammar masks each step's tokens, computed on the host from the tokens committed before
+        (plain decoding: split when ``ahead``)."""
         if self.strategy == "plain":
             if self.ahead and logprobs is not None:
                 return Choice("plain", False, "logprobs: the host reads each step's logits before the next step")
             if self.ahead and grammar:
-                return Choice("plain", False, "a grammar: the host advances it by each token before the next step")
+                return Choice("plain", True, split=True)
             return Choice("plain", self.ahead)
         if self.strategy == "host":
             return Choice("host", False)

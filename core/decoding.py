@@ -175,7 +175,9 @@ class Decoder:
         ``depth`` records are in flight and the tokens known plus the steps in flight (one token
         each at least) stay below ``max_new``, the host enqueues the next step (drafting the
         current ``draft_length.k``, set from the records read so far); then it reads the oldest
-        record."""
+        record. Split (a grammar's plain steps, ``Choice.split``): the next step's forward pass is
+        enqueued before the oldest record is read, its sampling after the grammar has taken that
+        record's token, so that the mask follows it while the device runs the forward pass."""
         records, counters = self.records, self.counters
         records.reset()
         proposer = strategy.proposer
@@ -187,9 +189,13 @@ class Decoder:
         records.send(strategy.begin(ids, first, max_new, self.sampling))
         emitted, committed, done = 0, 0, False  # new tokens yielded; committed by the records read
         sequence, ended = list(ids), False  # the prompt and the tokens yielded; whether the loop ended in order
+        split = self.choice.split
         try:
             while not done:
-                if records.in_flight < depth and committed + records.in_flight < max_new:
+                if split:  # one record in flight: the step after it is fed now, sampled below
+                    if committed + records.in_flight < max_new:
+                        strategy.feed()
+                elif records.in_flight < depth and committed + records.in_flight < max_new:
                     records.send(strategy.step(self.draft_length.k))
                 new, drafted = records.receive()
                 _finite(min(new), len(ids) + committed)
@@ -206,6 +212,8 @@ class Decoder:
                 allowed = self.sampling.advance(keep)
                 if allowed < len(keep):
                     keep, done, counters.grammar_end = keep[:allowed], True, True
+                if split and strategy.pending is not None and not done:
+                    records.send(strategy.sample())
                 emitted += len(keep)
                 sequence += keep
                 self.logprobs = self.sampling.logprobs_of(keep)
@@ -222,10 +230,15 @@ class Decoder:
             else:
                 self.prefix.forget()
 
+    @property
+    def _fed_ahead(self) -> bool:
+        """A split step's forward pass fed the last committed token and was not sampled from."""
+        return self.choice.split and self.strategies["plain"].pending is not None
+
     def _cut(self, prompt: int, emitted: int, committed: int) -> int:
         """Cut the store to its valid keys and values (the prompt and the committed tokens, the last
         one once a step fed it; at most the ``emitted`` ones) and return its length."""
-        fed = committed - (0 if self.records.in_flight else 1)
+        fed = committed - (0 if self.records.in_flight or self._fed_ahead else 1)
         self.kv.truncate(prompt + min(emitted, fed))
         return self.kv.length
 

@@ -24,7 +24,7 @@ class GenerationStats:
     weight_bytes: int  # bytes of the loaded weights (INT8 linears: int8 rows and float32 scales)
     kv_bytes: int  # bytes of the KV pool
     kv_capacity: int  # positions the KV pool holds (kv_capacity resolved: auto sized by the model and the memory)
-    decode_loop: str = ""  # sequential, pipelined, speculative-sequential or speculative-device (decode_plan.LOOPS)
+    decode_loop: str = ""  # sequential, pipelined(-grammar), speculative-sequential or -device (decode_plan.LOOPS)
     stop_reason: str | int | None = None  # the stop string or stop token that ended it ("stop" only)
     cached_tokens: int = 0  # prompt tokens the previous generation left in the KV cache, not prefilled again
 

@@ -53,7 +53,8 @@ def first_record(record: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
 class PlainDecoding:
     """One token a step: the last token fed at the next position, the next one sampled, both on
     the device (``tileinfer.sampling_step.SamplingStep``; -1 when the logits are not finite). Its
-    record is a static buffer ``[1, 0, token]`` whose token the next step is fed."""
+    record is a static buffer ``[1, 0, token]`` whose token the next step is fed. A step is ``feed``
+then ``sample``; the split loop calls them apart (``tileinfer.decode_plan``)."""
 
     proposer = None
 
@@ -63,21 +64,35 @@ class PlainDecoding:
         self._not_finite = torch.full((), -1, dtype=torch.int64, device=steps.device)
         self.position = 0
         self.sampling: SamplingStep | None = None
+        self.pending: torch.Tensor | None = None  # the logits of a step fed and not yet sampled from
 
     @torch.inference_mode()
     def begin(self, ids: list[int], first: torch.Tensor, max_new: int,
               sampling: SamplingStep | None = None) -> torch.Tensor:
-        self.position, self.sampling = len(ids), sampling
+        self.position, self.sampling, self.pending = len(ids), sampling, None
         return first_record(self.record, first)
 
     @torch.inference_mode()
     def step(self, k: int = 0) -> torch.Tensor:
         """Feed the record's token at the next position; its record then holds the sampled one."""
+        self.feed()
+        return self.sample()
+
+    @torch.inference_mode()
+    def feed(self) -> None:
+        """The first half of ``step``: enqueue the forward pass of the record's token (``pending``
+        until ``sample``), so that the host may read the last record while the device runs it."""
+        assert self.pending is None, "a forward pass is pending already"
         token = self.record[2:3]
         self.kv.reserve(self.position + 1)
-        logits, _ = self.steps.forward(token, self.position)
+        self.pending, _ = self.steps.forward(token, self.position)
         self.position += 1
         self.sampling.commit(token)
+
+    @torch.inference_mode()
+    def sample(self) -> torch.Tensor:
+        """The second half of ``step``: sample from the pending forward pass's logits into the record."""
+        logits, self.pending = self.pending, None
         sampled = self.sampling.sample(logits).tokens
         torch.where(torch.isfinite(logits).all(-1), sampled, self._not_finite, out=self.record[2:3])  # finite_or
         return self.record

@@ -62,17 +62,19 @@ def cuda_plan(engine: tileinfer.Engine, **keys) -> DecodePlan:
 
 
 def rebuild(engine: tileinfer.Engine, plan: DecodePlan | None = None, *, step_capture=None, loop_capture=None,
-            prefill: bool = True) -> tileinfer.Engine:
+            prefill: bool = True, prefix_cache: bool = False) -> tileinfer.Engine:
     """Put a Decoder of ``plan`` (default: the engine's plan on CUDA, ``pipelined``) in place over
     the engine's forward pass: its steps captured with ``step_capture`` (the prefill's too, unless
-    ``prefill`` is False) and the device loop with ``loop_capture`` (None: eager)."""
+    ``prefill`` is False) and the device loop with ``loop_capture`` (None: eager); ``prefix_cache``
+    as the Decoder takes it."""
     plan = plan or cuda_plan(engine, pipelined=True)
     forward, proposer = engine.decoder.steps.forward_pass, plan.proposer
     steps = StepRunner(forward, engine.kv, proposer.hidden_layers if proposer else (), capture=step_capture,
                        prefill=prefill)
     loop = (SpeculativeLoop(forward, engine.kv, proposer, plan.k_values, capture=loop_capture)
             if plan.strategy == "device" else None)
-    engine.decoder = Decoder(steps, engine.decoder.sampler, plan, loop=loop, prefill_chunk=engine.config.prefill_chunk)
+    engine.decoder = Decoder(steps, engine.decoder.sampler, plan, loop=loop, prefill_chunk=engine.config.prefill_chunk,
+                             prefix_cache=prefix_cache)
     return engine
 
 

@@ -86,7 +86,9 @@ def test_adaptive_plans_capture_every_draft_length():
 
 
 def test_only_the_four_loops_are_plans():
-    assert set(LOOPS.values()) == {"sequential", "pipelined", "speculative-sequential", "speculative-device"}
+    """Four plans; the fifth loop, a grammar's split plain steps, is chosen per generation."""
+    assert set(LOOPS.values()) == {"sequential", "pipelined", "pipelined-grammar", "speculative-sequential",
+                                   "speculative-device"}
     for strategy, ahead in (("host", True), ("device", False)):
         with pytest.raises(ValueError, match="no decode loop runs"):
             DecodePlan(strategy, ahead, proposer=OnDevice())

@@ -194,7 +194,7 @@ def test_cutting_a_sampled_draft_keeps_speculative_sampling_exact():
     assert torch.allclose(counts / trials, p, atol=0.015)
 
 
-def test_a_generation_with_a_grammar_reads_each_step_on_the_host_and_says_why():
+def test_a_generation_with_a_grammar_drafts_on_the_host_and_splits_its_plain_steps():
     greedy = SimpleNamespace(greedy=True, uses_history=False)
     proposer = SimpleNamespace(device_drafting=lambda positions: True)
     device = DecodePlan("device", True, spec_k=3, proposer=proposer)
@@ -202,4 +202,4 @@ def test_a_generation_with_a_grammar_reads_each_step_on_the_host_and_says_why():
     choice = device.choose(greedy, 10, 10, None, 512, grammar=True)
     assert choice.loop == "speculative-sequential" and "grammar" in choice.reason
     pipelined = DecodePlan("plain", True).choose(greedy, 10, 10, None, 512, grammar=True)
-    assert pipelined.loop == "sequential" and "grammar" in pipelined.reason
+    assert pipelined.loop == "pipelined-grammar" and pipelined.split and pipelined.ahead

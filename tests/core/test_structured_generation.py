@@ -128,12 +128,15 @@ def test_speculative_decoding_gives_the_tokens_of_plain_decoding_under_a_grammar
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
-def test_on_the_gpu_a_grammar_runs_a_host_loop_and_the_stats_say_which():
+def test_on_the_gpu_a_grammar_runs_the_split_or_a_host_loop_and_the_stats_say_which():
     pipelined = tileinfer.Engine.from_config(device="cuda", progress=False)
     params = SamplingParams(max_tokens=32, structured=KINDS["json"])
     assert pipelined.generate(PROMPT, SamplingParams(max_tokens=8)).stats.decode_loop == "pipelined"
     reply = pipelined.generate(PROMPT, params)
-    assert reply.stats.decode_loop == "sequential"
+    assert reply.stats.decode_loop == "pipelined-grammar"
+    sequential = tileinfer.Engine.from_config(device="cuda", overrides=["pipelined=false"], progress=False)
+    plain = sequential.generate(PROMPT, params)
+    assert plain.stats.decode_loop == "sequential" and plain.token_ids == reply.token_ids
     device = tileinfer.Engine.from_config(device="cuda", overrides=["proposer=ngram"], progress=False)
     assert device.generate(PROMPT, SamplingParams(max_tokens=8)).stats.decode_loop == "speculative-device"
     spec = device.generate(PROMPT, params)
