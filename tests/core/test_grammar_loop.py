@@ -9,11 +9,13 @@ end as the sequential loop does."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import tileinfer
 from tileinfer import SamplingParams, StructuredOutput
 from tileinfer.decode_plan import DecodePlan
 
+from conftest import gpu_available
 from device_loop import rebuild, rerun_capture
 
 pytest.importorskip("xgrammar")
@@ -82,3 +84,24 @@ def test_a_dead_end_ends_the_split_loop_as_the_sequential_one(engines):
     expected, reply = sequential.generate(PROMPT, params), split.generate(PROMPT, params)
     assert reply.stats.finish_reason == expected.stats.finish_reason == "grammar"
     assert reply.token_ids == expected.token_ids
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_the_split_forward_pass_is_enqueued_without_a_sync():
+    """The forward pass goes ahead of the host's read only if enqueueing it never waits for the GPU."""
+    engine = tileinfer.Engine.from_config(device="cuda", progress=False)
+    plain = engine.decoder.strategies["plain"]
+    feed, fed = plain.feed, []
+
+    def strict() -> None:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            feed()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        fed.append(1)
+
+    plain.feed = strict
+    reply = engine.generate(PROMPT, SamplingParams(max_tokens=32, structured=KINDS["json"]))
+    assert reply.stats.decode_loop == "pipelined-grammar" and len(fed) >= reply.stats.new_tokens - 1 > 0
