@@ -22,14 +22,7 @@ LOOPS = ["--loop", "ngram@7", "--loop", "ngram@15", "--loop", "draft@3", "--loop
          "--loop", "dflash@15"]
 TTFT_NAMES = [a for name in ("default", "no-cuda-graphs", "torch-matmul", "hf-sdpa", "engine-compiled")
               for a in ("--variant", name)]
-PREFETCH_NAMES = [a for name in ("default", "default+options.triton.l2_prefetch=true", "persistent",
-                                  "persistent+options.persistent.l2_prefetch=true",
-                                  "persistent+options.persistent.schedule=dynamic",
-                                  "persistent+options.persistent.schedule=dynamic+options.persistent.l2_prefetch=true")
-                  for a in ("--variant", name)]
 ON_GPU = "tests/plugins/test_persistent_gpu.py::test_"
-# qkv's 384 tiles of 16 columns take two rounds of the 264 programs at 4B; of 32, one
-QKV_32 = ["--variant", "persistent+options.persistent.block_n=32,16,16,16,64"]
 # check -> (seconds at most, the command's arguments) for each step, with minutes estimated for the whole
 # check (setup, checkpoints and Triton compilation included, the machine's start not)
 CHECKS = {
@@ -55,7 +48,6 @@ CHECKS = {
     "persistent": [(500, ["steps", "--variant", "default", "--variant", "persistent",
                           "--variant", "persistent+options.persistent.stages=1",
                           "--variant", "persistent+options.persistent.split_k=1",
-                          "--variant", "persistent+options.persistent.l2_prefetch=true",
                           "--variant", "persistent+options.persistent.item_calls=true"
                           "+options.persistent.max_registers=128+options.persistent.programs_per_sm=4",
                           "--variant", "int8-persistent",
@@ -79,14 +71,6 @@ CHECKS = {
                     "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"]),
              (150, ["matrix", "--model", "models/target", "--variant", "default", "--variant", "ngram", "--workload",
                     "decode128_ctx1024", "--workload", "decode128_json_ctx1024", "--no-peers", "--seconds", "2"])],
-    # the weights asked of the L2 before each wait (the per-op GEMV before its PDL wait, the persistent step's items)
-    # and the persistent step's dynamic schedule, both shapes; then the shipped family's device loop over each step
-    "prefetch": [(250, ["steps", "--shape", "Qwen3-4B", "--contexts", "1024", "--tokens", "1,16", *PREFETCH_NAMES,
-                        *QKV_32]),
-                 (160, ["steps", "--shape", "Qwen3-0.6B", "--contexts", "1024", "--tokens", "1,16",
-                        *PREFETCH_NAMES]),
-                 (140, ["steps", "--model", "models/target", "--contexts", "1024", "--variant", "default",
-                        "--variant", "persistent", "--loop", "ngram@15", "--loop", "draft@7", "--loop", "dflash@7"])],
     # what closes issue 28 where device time is scarce (issue 31's target: check json): speculative greedy = plain
     # greedy at the Qwen3 shapes with the shipped persistent defaults and on the shipped family (the structured
     # generation's GPU cases beside them), then the shipped family's device loop over both steps
@@ -106,7 +90,7 @@ CHECKS = {
                          "--prefill-tiles", "rule,128x128,128x128+tma,ws128x128", "--repeats", "20"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10, "json": 8, "prefetch": 10, "close": 10}
+           "attention": 7, "int8_layout": 10, "json": 8, "close": 10}
 
 
 def step_argv(argv: list[str], extra: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, item_calls, split_k, int8_convert, l2_prefetch, schedule)
+max_registers, stages, item_calls, split_k, int8_convert, schedule)
 compiles the kernel with the specialization a launch gives it (pointers and strides multiples of
 16) and prints and records
 (kind ``persistent_build``, machine ``cpu``) what sets its speed before it runs: registers a
@@ -28,7 +28,7 @@ from . import records, sm90_build
 from .shapes import SHAPES, model_config
 
 INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
-BOOLS = ("item_calls", "l2_prefetch")
+BOOLS = ("item_calls",)
 STRINGS = ("block_n", "int8_convert", "schedule")
 
 
@@ -46,7 +46,6 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
                      kv_int8=kv_int8, k_smooth=kv_int8)
     consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
                                 int8_convert=options.get("int8_convert", "bits"),
-                                l2_prefetch=options.get("l2_prefetch", False),
                                 schedule=options.get("schedule", "static"))
     compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))
     kernel = P.step_kernel(options.get("item_calls", False))
@@ -66,9 +65,7 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
     fit = sm90_build.programs_per_sm(regs, build.warps, shared)
     memory = {op: n for op, n in sm90_build.opcodes(build.sass).items()
               if op.split(".")[0] in ("LDG", "STG", "LDGSTS", "UTMALDG")}
-    prefetches = sum(n for op, n in sm90_build.opcodes(build.sass).items() if op.startswith("UBLKPF"))
     return {"shape": shape, "int8": int8, "kv_int8": kv_int8, "options": options, "registers": regs,
-            "l2_prefetches": prefetches,
             "spill_stores": spill_stores, "spill_loads": spill_loads, "shared_bytes": shared,
             "programs_per_sm": fit, "global_memory": dict(sorted(memory.items()))}
 

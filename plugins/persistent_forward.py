@@ -42,9 +42,6 @@ class PersistentForward(ForwardPass):
         Option("stages", int, 3, "how a GEMV item streams its weight chunks: 1, each chunk's successor in registers "
                "(the first before the item waits); 2 or more, the compiler's pipeline of that many stages through "
                "shared memory", minimum=1),
-        Option("l2_prefetch", bool, False, "each GEMV item asks the L2 for its whole weight tile before it waits "
-               "for its inputs (bulk prefetches: memory streams during the waits; a GPU only, off under the "
-               "interpreter)"),
         Option("int8_convert", str, "bits", "how the GEMV items turn int8 weights into floats (the same values): "
                "bit patterns, byte permutes (inline PTX: a GPU only), or Triton's cast",
                choices=("bits", "permute", "cast")),
@@ -206,7 +203,7 @@ class PersistentForward(ForwardPass):
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
                       causal=step.causal, stages=self.options["stages"],
                       item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"],
-                      l2_prefetch=self.options["l2_prefetch"], schedule=self.options["schedule"])
+                      schedule=self.options["schedule"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

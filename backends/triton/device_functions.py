@@ -26,8 +26,6 @@ doing the same arithmetic does it with the same code, hence rounds alike.
   converted exactly to the activation dtype (:func:`int8_to`), a K chunk loaded (:func:`load_chunk`)
   and multiplied into a float32 accumulator (:func:`dot_chunk`), and an output tile stored through
   the residual epilogue (:func:`store_tile`).
-- Weights asked of the L2 before a wait (:func:`prefetch_l2`: sm_90 bulk prefetches, a GPU
-  only), so that memory streams while a program waits for its inputs (persistent_items.py).
 
 The tile loops of the paged attention are in paged_attention_tiles.py. Every function returns once,
 at its end: the compiler would also build the code after a return inside a constexpr branch.
@@ -37,25 +35,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-# -- the L2 asked for weights ahead -------------------------------------------------------------------
-
-# Thread 0's bulk prefetch of ``$2`` bytes at ``$1`` into the L2; ``$0`` is unused.
-PREFETCH_L2_ASM = tl.constexpr("{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-                               "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }")
-
-
-@triton.jit
-def prefetch_l2(ptr, nbytes, PIECE: tl.constexpr = 32768):
-    """Ask the L2 for the ``nbytes`` bytes at ``ptr`` (16-byte aligned; ``nbytes`` a multiple of 16)
-    as bulk prefetches (``cp.async.bulk.prefetch.L2``, sm_90) of at most PIECE bytes, issued by the
-    program's thread 0: the copies proceed while the program goes on and change no value anywhere.
-    A GPU only (inline PTX: not under the interpreter)."""
-    base = ptr.to(tl.pointer_type(tl.int8))
-    for off in range(0, nbytes, PIECE):
-        tl.inline_asm_elementwise(PREFETCH_L2_ASM, "=r,l,r", [base + off, tl.minimum(nbytes - off, PIECE)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
 
 # -- programmatic dependent launch -------------------------------------------------------------------
 

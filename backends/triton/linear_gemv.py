@@ -39,8 +39,7 @@ the chain of per-op kernels.
 
 Programmatic dependent launch (``PDL``): the kernel lets the next one launch at its start (a
 config's ``late_launch``: after its K loop) and issues its first weight chunk's load before the
-grid dependency wait (with a config's ``l2_prefetch``, also the L2 prefetches of its whole tile,
-:func:`prefetch_l2`); the activations come after it. Under the interpreter every dot operand is
+grid dependency wait; the activations come after it. Under the interpreter every dot operand is
 cast to float32 (``DOT_F32``).
 """
 
@@ -52,10 +51,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, int8_to, launch_dependents_then_wait,
-                                                        prefetch_l2, round_to, silu_mul_f32)
+                                                        round_to, silu_mul_f32)
 from tileinfer.backends.triton.linear_layout import in_fragment_order
 from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS, GemvConfig
-from tileinfer.backends.triton.interpreter import interpreting
 from tileinfer.backends.triton.pdl import launch_options
 
 GEMV_BLOCK_T = 16  # token rows of the GEMV's tl.dot (T = 2..16 padded to 16)
@@ -152,15 +150,6 @@ def gemv_rows(
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, row0, n_rows, stride_wn, k0, k1):
-    """Rows ``row0 .. row0 + n_rows`` of ``w`` over columns ``[k0, k1)`` asked of the L2
-    (:func:`prefetch_l2`; rows and columns of a multiple of 16 bytes)."""
-    ELT: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    for r in range(row0, row0 + n_rows):
-        prefetch_l2(w_ptr + r.to(tl.int64) * stride_wn + k0, (k1 - k0) * ELT)
-
-
-@triton.jit
 def _store_gemv(acc, y_ptr, r_ptr, offs_n, pid_k, T, N, stride_ys, stride_yt, stride_rt,
                 BLOCK_T: tl.constexpr, USE_DOT: tl.constexpr, RESIDUAL: tl.constexpr):
     """The store of the float32 ``acc`` (``[BLOCK_T, BLOCK_N]`` or ``[BLOCK_N]``) of columns
@@ -186,7 +175,7 @@ def _gemv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, RESIDUAL: tl.constexpr, FUSED_REDUCE: tl.constexpr, LATE_LAUNCH: tl.constexpr,
-    INT8: tl.constexpr, BITS: tl.constexpr, PREFETCH: tl.constexpr, FRAG: tl.constexpr,
+    INT8: tl.constexpr, BITS: tl.constexpr, FRAG: tl.constexpr,
 ):
     """y[t, n] (or split pid_k's float32 partial of it) for the BLOCK_N output columns of this
     program. N = output columns (I when SWIGLU: gate row n, up row I_OFF + n). RESIDUAL: ``r[t,
@@ -204,12 +193,6 @@ def _gemv_kernel(
     kb_hi = tl.minimum(kb_lo + kb_per_split, tl.cdiv(K, BLOCK_K))
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = offs_n % N  # tail rows re-read a valid row; their results are not stored
-    if PREFETCH:  # the program's rows over its K range (gate and up) asked of the L2 before any wait
-        n_rows = tl.minimum(BLOCK_N, N - pid_n * BLOCK_N)
-        k_end = tl.minimum(kb_hi * BLOCK_K, K)
-        _prefetch_rows(w_ptr, pid_n * BLOCK_N, n_rows, stride_wn, kb_lo * BLOCK_K, k_end)
-        if SWIGLU:
-            _prefetch_rows(w_ptr, pid_n * BLOCK_N + I_OFF, n_rows, stride_wn, kb_lo * BLOCK_K, k_end)
     acc = gemv_rows(x_ptr, w_ptr, s_ptr, rows, T, K, kb_lo, kb_hi, stride_xt, stride_wn, BLOCK_T, BLOCK_N, BLOCK_K,
                     USE_DOT, DOT_F32, EVEN_K, PDL, INT8, BITS, FRAG)
     out_ty = y_ptr.dtype.element_ty
@@ -306,14 +289,6 @@ def fused_reduce_counters(n_w: int, K: int, cfg: GemvConfig, swiglu: bool) -> in
     return triton.cdiv(n_w, cfg.block_n)
 
 
-def rows_prefetchable(w: torch.Tensor) -> bool:
-    """The rows of ``w`` can be asked of the L2 (:func:`prefetch_l2`): compiled (not interpreted) for
-    a GPU of sm_90 or newer, ``w`` 16-byte aligned with rows of a multiple of 16 bytes."""
-    size = w.element_size()
-    return (not interpreting() and w.is_cuda and torch.cuda.get_device_capability(w.device)[0] >= 9
-            and w.data_ptr() % 16 == 0 and (w.stride(0) * size) % 16 == 0 and (w.shape[1] * size) % 16 == 0)
-
-
 def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
                 residual: torch.Tensor | None, cfg: GemvConfig, n_out: int, i_off: int, swiglu: bool, dot_f32: bool,
                 pdl: bool, counters: torch.Tensor | None, frag: bool = False) -> None:
@@ -336,7 +311,7 @@ def launch_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
     consts = dict(BLOCK_T=GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                   USE_DOT=use_dot, DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, PDL=pdl,
                   LATE_LAUNCH=cfg.late_launch, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert],
-                  PREFETCH=cfg.l2_prefetch and rows_prefetchable(w), FRAG=frag,
+                  FRAG=frag,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True, **launch_options(pdl))
     if split == 1:
         grid = (triton.cdiv(n_out, cfg.block_n), 1)

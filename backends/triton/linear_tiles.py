@@ -39,7 +39,6 @@ class GemvConfig:
     fused_reduce: bool = False  # split-K: the last split's program adds the partials (no reduce kernel)
     late_launch: bool = False  # with PDL: the next kernel may launch after the K loop, not at the start
     int8_convert: str = "bits"  # int8 weights -> float: INT8_CONVERTS
-    l2_prefetch: bool = False  # a program's weight rows asked of the L2 before its loads (and PDL wait)
 
     def __post_init__(self):
         assert self.int8_convert in INT8_CONVERTS, f"int8_convert is one of {', '.join(INT8_CONVERTS)}: {self}"

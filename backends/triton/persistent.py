@@ -95,7 +95,7 @@ def _persistent_step_kernel(
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
     STAGES: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
-    CONVERT: tl.constexpr, PREFETCH: tl.constexpr, DYNAMIC: tl.constexpr, ATTN_ROWS: tl.constexpr,
+    CONVERT: tl.constexpr, DYNAMIC: tl.constexpr, ATTN_ROWS: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -136,7 +136,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 8, act_ty), eps, qkv_ptr, cap_ptr, -1, index * BN_QKV,
                       prev, tl.where(layer > 0, tl.cdiv(HIDDEN, BN_DOWN), 0),
                       HIDDEN, NQKV, 0, True, False, False, INT8, BN_QKV, BLOCK_K, DOT_F32,
-                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                      STAGES, CONVERT=CONVERT)
             signal(c)
         elif kind == ATTN_IN:
             wait_for(c, tl.cdiv(NQKV, BN_QKV))
@@ -166,7 +166,7 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, -1, tile * BN_O, c + C_ATTN, HKV,
                               H * D, HIDDEN, 0, False, False, True, INT8, BN_O, BLOCK_K, DOT_F32,
                               STAGES, SPLIT_O, index // NT_O, split_ptr,
-                              tiles + layer * NT_RUNS + tile, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                              tiles + layer * NT_RUNS + tile, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_ATTN + 1)
         elif kind == GATE_UP:
@@ -174,7 +174,7 @@ def _persistent_step_kernel(
                       _ptr(layer_ptrs, layer, 9, act_ty), eps, act_ptr, cap_ptr, -1, index * BN_GU,
                       c + C_ATTN + 1, tl.cdiv(HIDDEN, BN_O),
                       HIDDEN, INTER, INTER, True, True, False, INT8, BN_GU, BLOCK_K, DOT_F32,
-                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                      STAGES, CONVERT=CONVERT)
             signal(c + C_GU + index * BN_GU // K_RUN_DOWN)
         elif kind == DOWN:
             tile = index % NT_DOWN
@@ -185,14 +185,14 @@ def _persistent_step_kernel(
                               h_ptr, eps, h_ptr, cap_ptr, capture, tile * BN_DOWN, c + C_GU + run,
                               run_tiles, INTER, HIDDEN, 0, False, False, True, INT8, BN_DOWN, BLOCK_K,
                               DOT_F32, STAGES, SPLIT_DOWN, index // NT_DOWN, split_ptr,
-                              tiles + layer * NT_RUNS + NT_O + tile, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                              tiles + layer * NT_RUNS + NT_O + tile, CONVERT=CONVERT)
             if wrote != 0:
                 signal(c + C_DOWN)
         else:  # LM_HEAD after the last layer
             gemv_item(h_ptr, T, lm_w_ptr, lm_s_ptr, final_norm_ptr, eps, logits_ptr, cap_ptr, -1, index * BN_LM,
                       c + C_DOWN, tl.cdiv(HIDDEN, BN_DOWN),
                       HIDDEN, VOCAB, 0, True, False, False, LM_INT8, BN_LM, BLOCK_K, DOT_F32,
-                      STAGES, CONVERT=CONVERT, PREFETCH=PREFETCH)
+                      STAGES, CONVERT=CONVERT)
         if TIMELINE:
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
@@ -225,12 +225,11 @@ _step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)
 
 def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
                      timeline: bool = False, stages: int = 1,
-                     int8_convert: str = "bits", l2_prefetch: bool = False, schedule: str = "static") -> dict:
+                     int8_convert: str = "bits", schedule: str = "static") -> dict:
     """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
     ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles, whose int8 weights take
-    Triton's cast; else ``int8_convert`` of linear_tiles.INT8_CONVERTS; ``l2_prefetch``: each GEMV
-    item's weight tile asked of the L2 before its wait, never under the interpreter; ``schedule``:
-    ``static`` (program p takes items p, p + programs, ...) or ``dynamic`` (the next untaken item))."""
+    Triton's cast; else ``int8_convert`` of linear_tiles.INT8_CONVERTS; ``schedule``: ``static``
+    (program p takes items p, p + programs, ...) or ``dynamic`` (the next untaken item))."""
     s = shape
     return dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
                 PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
@@ -239,13 +238,7 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
                 SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
                 CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert],
-                PREFETCH=l2_prefetch and not dot_f32 and _rows_aligned(s, int8),
                 DYNAMIC=SCHEDULES[schedule], ATTN_ROWS=s.attention_rows)
-
-
-def _rows_aligned(s: StepShape, int8: bool) -> bool:
-    """Every weight row of the step a multiple of 16 bytes (what an L2 prefetch of rows needs)."""
-    return all(k * (1 if int8 else 2) % 16 == 0 for k in (s.hidden, s.heads * s.head_dim, s.intermediate))
 
 
 def compile_options(num_warps: int, max_registers: int) -> dict:
@@ -260,7 +253,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
                            causal: bool = True, stages: int = 1, item_calls: bool = False,
-                           int8_convert: str = "bits", l2_prefetch: bool = False, schedule: str = "static",
+                           int8_convert: str = "bits", schedule: str = "static",
                            warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
@@ -273,8 +266,8 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     and ``final_norm``: the lm_head's. ``dot_f32``: the interpreter (float32 tiles). ``num_warps``: warps a
     program; ``max_registers``: the compiler's cap of registers a thread (``maxnreg``: it spills above), 0 for
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
-    tokens (a block drafter's step). ``stages``, ``int8_convert``, ``l2_prefetch``: how
-    the GEMV items load and convert their chunks
+    tokens (a block drafter's step). ``stages``, ``int8_convert``: how the GEMV items load and
+    convert their chunks
     (:func:`persistent_items.gemv_item`; the same bits). ``schedule``: which program takes which
     item (:func:`kernel_constants`; the same bits). ``item_calls``: the kernel whose work items
     are calls, not inlined (:func:`_items_as_calls`). ``timeline``: int64 ``[n_items, 3]``, where
@@ -295,8 +288,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
             *page_strides, *scale_strides)
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
                                upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
-                               stages=stages, int8_convert=int8_convert,
-                               l2_prefetch=l2_prefetch, schedule=schedule),
+                               stages=stages, int8_convert=int8_convert, schedule=schedule),
               **compile_options(num_warps, max_registers))
     kernel = step_kernel(item_calls)
     if warmup:

@@ -31,9 +31,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, page_slot, prefetch_l2,
-                                                        rms_norm_halves, round_to, rope_rotate, scale_normalized,
-                                                        silu_mul_f32, store_kv_int8)
+from tileinfer.backends.triton.device_functions import (add_residual, dot_chunk, page_slot, rms_norm_halves,
+                                                        round_to, rope_rotate, scale_normalized, silu_mul_f32,
+                                                        store_kv_int8)
 from tileinfer.backends.triton.paged_attention_tiles import (attend_range, empty_state, kv_head_bases, load_q_rows,
                                                              smooth_q)
 
@@ -87,7 +87,7 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
               NORM: tl.constexpr, SWIGLU: tl.constexpr, RESIDUAL: tl.constexpr, INT8: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, STAGES: tl.constexpr = 1,
               SPLITS: tl.constexpr = 1, split=0, split_ptr=None, tile_counter=None,
-              CONVERT: tl.constexpr = 0, PREFETCH: tl.constexpr = False):
+              CONVERT: tl.constexpr = 0):
     """Columns ``n0 .. n0 + BLOCK_N`` of ``y[16, N] = x[16, K] W^T`` for the first ``T`` rows
     (``x``, ``y`` contiguous; ``W`` ``[rows, K]`` row-major, int8 with float32 row scales ``s``
     where INT8). NORM: ``x`` RMS-normalized with weight ``nw``: a pass over the rows after the wait,
@@ -98,10 +98,8 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     ``wait_target``. The weight chunks: STAGES 1, each chunk's successor loaded into registers
     before the chunk's dot, the first before the wait; more, the compiler's software pipeline of
     STAGES stages through shared memory, after the wait. CONVERT: how int8 weights become floats
-    (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). PREFETCH (a GPU only):
-    the item's whole weight tile asked of the L2 before the wait (:func:`prefetch_l2`; rows of a
-    multiple of 16 bytes), so that memory streams while the program waits. None of these changes an
-    operation; with INT8 weights the pipelined builds (STAGES > 1) give the dots' operands Triton's
+    (``int8_to``'s BITS: 0 Triton's cast, 1 bit patterns, 2 byte permutes). None of these changes
+    an operation; with INT8 weights the pipelined builds (STAGES > 1) give the dots' operands Triton's
     ``kWidth`` 4 where the others have 2 (sm_90 TTGIR), which places the K elements at other
     positions of each m16n8k16 MMA: the same products, summed by the tensor core in another order
     (other last bits, seen at the Qwen3-0.6B shape on an H100). SPLITS > 1 (not
@@ -120,17 +118,6 @@ def gemv_item(x_ptr, T, w_ptr, s_ptr, nw_ptr, eps, y_ptr, cap_ptr, capture, n0, 
     K_RUN: tl.constexpr = (((K + BLOCK_K - 1) // BLOCK_K + SPLITS - 1) // SPLITS) * BLOCK_K  # K per split
     k_lo = split * K_RUN
     k_hi = tl.minimum(k_lo + K_RUN, K)
-    if PREFETCH:  # the tile's rows (contiguous where one run covers K) asked of the L2 before the wait
-        ELT: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        tl.static_assert((K * ELT) % 16 == 0, "PREFETCH: weight rows of a multiple of 16 bytes")
-        if SPLITS == 1:
-            tile_bytes = (tl.minimum(n0 + BLOCK_N, N) - n0) * (K * ELT)
-            prefetch_l2(w_ptr + n0.to(tl.int64) * K, tile_bytes)
-            if SWIGLU:
-                prefetch_l2(w_ptr + (n0 + UP_ROWS).to(tl.int64) * K, tile_bytes)
-        else:
-            for r in range(n0, tl.minimum(n0 + BLOCK_N, N)):
-                prefetch_l2(w_ptr + r.to(tl.int64) * K + k_lo, (k_hi - k_lo) * ELT)
     if STAGES == 1:  # the first weight chunk in registers before the wait
         wg = _load_weight(w_rows, k_lo, offs_k, K, n_ok)
         if SWIGLU:

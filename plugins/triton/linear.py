@@ -27,7 +27,6 @@ from tileinfer.backends.reference.linear import FRAGMENT_K, pack_fragments
 from tileinfer.backends.reference.linear import linear as torch_linear
 from tileinfer.backends.triton.add import add
 from tileinfer.backends.triton.linear import layer_counters, linear, rule_config
-from tileinfer.backends.triton.linear_tiles import GemvConfig
 from tileinfer.backends.triton.pdl import pdl_supported
 from tileinfer.backends.triton.rms_norm import rms_norm
 from tileinfer.backends.triton.silu_mul import silu_mul
@@ -51,8 +50,6 @@ class TritonLinear(Linear):
         Option("int8_convert", str, "bits", "how the GEMV/GEMM turn int8 weights into floats (the same values): "
                "bit patterns, byte permutes (inline PTX: a CUDA GPU only), or Triton's cast",
                choices=("bits", "permute", "cast")),
-        Option("l2_prefetch", bool, False, "each GEMV program asks the L2 for its whole weight tile before its "
-               "loads and its PDL wait (bulk prefetches, sm_90 GPUs; the same bits)"),
         Option("int8_layout", str, "rows", "how int8 weights are stored, reordered once at load: rows, or fragments "
                "(each row's 64-column groups in the order the tensor cores' register fragments read them: 16-byte "
                "loads in the prefill GEMM, the same bits there; the GEMV sums in another order)",
@@ -95,17 +92,12 @@ class TritonLinear(Linear):
         return self.packed if self.int8_layout == "fragments" else self.weight
 
     def _config(self, x: torch.Tensor, swiglu: bool):
-        """The rule's tiles with ``options.triton.int8_convert`` for int8 weights and
-        ``options.triton.l2_prefetch`` for the GEMV; None (the rule's own choice, made by ``linear``)
-        where neither changes them."""
-        convert = self.options["int8_convert"] if self.scale is not None else "bits"
-        if convert == "bits" and not self.options["l2_prefetch"]:
+        """The rule's tiles with ``options.triton.int8_convert`` for int8 weights; None (the rule's own
+        choice, made by ``linear``) otherwise."""
+        if self.scale is None or self.options["int8_convert"] == "bits":
             return None
         cfg = rule_config(x, self._stored, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
-        changes = {"int8_convert": convert} if convert != "bits" else {}
-        if self.options["l2_prefetch"] and isinstance(cfg, GemvConfig):
-            changes["l2_prefetch"] = True
-        return dataclasses.replace(cfg, **changes)
+        return dataclasses.replace(cfg, int8_convert=self.options["int8_convert"])
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         o, swiglu = self.options, self.epilogue == "swiglu"

@@ -47,8 +47,7 @@ def jobs():
         fused = residual and use_dot  # o_proj / down at T >= 2: split K, the partials added by the last split
         consts = dict(BLOCK_T=L.GEMV_BLOCK_T if use_dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       USE_DOT=use_dot, SWIGLU=swiglu, DOT_F32=False, EVEN_K=even_k, PDL=pdl, RESIDUAL=residual,
-                      FUSED_REDUCE=fused, LATE_LAUNCH=cfg.late_launch, INT8=False, BITS=True, FRAG=False,
-                      PREFETCH=False)
+                      FUSED_REDUCE=fused, LATE_LAUNCH=cfg.late_launch, INT8=False, BITS=True, FRAG=False)
         types = {"lock_ptr": "*i32", **({"y_ptr": "*fp32"} if fused else {})}
         out.append(("gemv", base + "linear_gemv", "_gemv_kernel", consts, types, cfg.num_warps, cfg.num_stages, {}))
     for swiglu in (False, True):

@@ -5,8 +5,7 @@ ptxas, no GPU), with pointers and strides 16-byte aligned as Triton specializes 
   tiles are read with 16-byte vector loads; the conversion on bit patterns issues no int -> float
   conversion instruction (Triton's plain cast does); the T = 1 GEMV needs no more registers than
   the model-dtype GEMV's tile, and no kernel spills; with PDL the first weight load comes before the
-  grid dependency wait and the wait before any store; with ``l2_prefetch`` (PREFETCH) the GEMV asks the L2
-  for its tile (``cp.async.bulk.prefetch.L2``) before the wait, and without it never.
+  grid dependency wait and the wait before any store.
 - The persistent GEMM (linear_gemm_persistent.py) in the forms the sweep times
   (bench/kernels/linear.py): model dtype and int8 (transposed or not), plain, SwiGLU, residual,
   float32 logits, with TMA descriptors or pointers, a flattened tile loop, a split tail. Every
@@ -68,8 +67,6 @@ def describe(name, ptx, **extra):
                 i2f=sorted(set(re.findall(r"cvt\.rn\.(?:f32|f16|bf16)\.s(?:8|16|32)", body))),
                 waits=body.count("griddepcontrol.wait"),
                 loads_before_wait=len(re.findall(r"\bld\.global", body[:wait])) if wait >= 0 else 0,
-                prefetches=body.count("cp.async.bulk.prefetch.L2"),
-                prefetches_before_wait=body[:wait].count("cp.async.bulk.prefetch.L2") if wait >= 0 else 0,
                 wait_before_store=store is None or 0 <= wait < store.start(), **extra)
 
 
@@ -83,22 +80,15 @@ for T in (1, 16):
             consts = dict(BLOCK_T=G.GEMV_BLOCK_T if T > 1 else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                           USE_DOT=T > 1, SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, PDL=pdl, RESIDUAL=False,
                           FUSED_REDUCE=False, LATE_LAUNCH=cfg.late_launch, INT8=True, BITS=bits,
-                          FRAG=False, PREFETCH=False)
+                          FRAG=False)
             ptx = compile_ptx(G._gemv_kernel, consts, int8, cfg.num_warps, cfg.num_stages)
             out.append(describe("gemv", ptx, T=T, shape=[n, k], bits=bits, pdl=pdl, plain=not swiglu))
 bcfg = gemv_config(151936, 2560, 1)
 consts = dict(BLOCK_T=1, BLOCK_N=bcfg.block_n, BLOCK_K=bcfg.block_k, USE_DOT=False, SWIGLU=False, DOT_F32=False,
               EVEN_K=True, PDL=True, RESIDUAL=False, FUSED_REDUCE=False, LATE_LAUNCH=bcfg.late_launch, INT8=False,
-              BITS=True, FRAG=False, PREFETCH=False)
+              BITS=True, FRAG=False)
 out.append(describe("bf16_gemv", compile_ptx(G._gemv_kernel, consts, {"lock_ptr": "*i32"}, bcfg.num_warps,
                                              bcfg.num_stages)))
-for T, swiglu in ((1, True), (16, False)):  # l2_prefetch: the tile asked of the L2 before the PDL wait
-    pcfg = gemv_config(19456 if swiglu else 2560, 2560 if swiglu else 9728, T)
-    consts = dict(BLOCK_T=G.GEMV_BLOCK_T if T > 1 else 1, BLOCK_N=pcfg.block_n, BLOCK_K=pcfg.block_k, USE_DOT=T > 1,
-                  SWIGLU=swiglu, DOT_F32=False, EVEN_K=True, PDL=True, RESIDUAL=not swiglu, FUSED_REDUCE=False,
-                  LATE_LAUNCH=pcfg.late_launch, INT8=False, BITS=True, FRAG=False, PREFETCH=True)
-    out.append(describe("prefetch_gemv", compile_ptx(G._gemv_kernel, consts, {"lock_ptr": "*i32"}, pcfg.num_warps,
-                                                     pcfg.num_stages), T=T))
 for swiglu, swap in ((False, False), (True, True)):  # each epilogue, each operand order
     cfg = gemm_config(1024, 19456, 2560, int8=True)
     consts = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
@@ -206,13 +196,9 @@ def compiled(tmp_path_factory) -> dict[str, list[dict]]:
 def test_gemv_and_gemm_compile_for_sm90(compiled):
     results = compiled["gemv_gemm"]
     bf16 = next(r for r in results if r["name"] == "bf16_gemv")
-    assert len(results) == 23
+    assert len(results) == 21
     for r in results:
         assert r["spills"] == 0, r
-        if r["name"] == "prefetch_gemv":  # l2_prefetch: bulk prefetches, every one before the PDL wait
-            assert r["prefetches"] > 0 and r["prefetches_before_wait"] == r["prefetches"], r
-            continue
-        assert r["prefetches"] == 0, r
         if r["name"] == "bf16_gemv":
             continue
         assert r["v4_loads"] + r["cp_async"] > 0, r  # 16-byte weight loads (the pipelined GEMM: cp.async)

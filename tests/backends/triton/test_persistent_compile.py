@@ -4,9 +4,8 @@ than 32 bits (a bfloat16 or int8 element at a time: what a load through an addre
 pointer table compiles to unless the address is marked 16-byte aligned). Qwen3-4B shapes and the
 default options, through ``bench.persistent_build.compile_step`` (the specialization a launch
 gives it: pointers and strides multiples of 16); BF16 weights with BF16 pages, INT8 weights with
-INT8 pages, the build whose items are calls capped at 128 registers (4 programs a
-multiprocessor), and the build with ``l2_prefetch``, the only one whose GEMV items ask the L2 for
-their tiles (``UBLKPF.L2``). Runs in a subprocess: this test session imported the kernels under TRITON_INTERPRET=1."""
+INT8 pages, and the build whose items are calls capped at 128 registers (4 programs a
+multiprocessor). Runs in a subprocess: this test session imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ import json, sys
 sys.path.insert(0, {str(ROOT)!r})
 from bench.persistent_build import compile_step
 print(json.dumps([compile_step("Qwen3-4B"), compile_step("Qwen3-4B", int8=True, kv_int8=True),
-                  compile_step("Qwen3-4B", item_calls=True, max_registers=128),
-                  compile_step("Qwen3-4B", l2_prefetch=True)]))
+                  compile_step("Qwen3-4B", item_calls=True, max_registers=128)]))
 '''
 
 
@@ -34,4 +32,3 @@ def test_weights_and_pages_load_in_16_byte_vectors(tmp_path):
         weights = {op: n for op, n in memory.items() if op.startswith("LDG.E.EF")}  # evict-first: the weights
         assert weights and all(op.endswith(".128") for op in weights), result
         assert result["spill_stores"] <= 256 and result["programs_per_sm"] >= 2, result
-        assert (result["l2_prefetches"] > 0) == result["options"].get("l2_prefetch", False), result
