@@ -1,7 +1,7 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, item_calls, split_k, int8_convert, schedule)
+max_registers, stages, item_calls, split_k, int8_convert)
 compiles the kernel with the specialization a launch gives it (pointers and strides multiples of
 16) and prints and records
 (kind ``persistent_build``, machine ``cpu``) what sets its speed before it runs: registers a
@@ -29,7 +29,7 @@ from .shapes import SHAPES, model_config
 
 INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
 BOOLS = ("item_calls",)
-STRINGS = ("block_n", "int8_convert", "schedule")
+STRINGS = ("block_n", "int8_convert")
 
 
 def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool = False, **options) -> dict:
@@ -45,8 +45,7 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
                      block_k=options.get("block_k", 256), block_n=block_n, split_k=options.get("split_k", 1),
                      kv_int8=kv_int8, k_smooth=kv_int8)
     consts = P.kernel_constants(step, int8=int8, lm_int8=False, stages=options.get("stages", 1),
-                                int8_convert=options.get("int8_convert", "bits"),
-                                schedule=options.get("schedule", "static"))
+                                int8_convert=options.get("int8_convert", "bits"))
     compile_options = P.compile_options(options.get("num_warps", 4), options.get("max_registers", 0))
     kernel = P.step_kernel(options.get("item_calls", False))
     names = list(inspect.signature(kernel.fn).parameters)

@@ -45,9 +45,6 @@ class PersistentForward(ForwardPass):
         Option("int8_convert", str, "bits", "how the GEMV items turn int8 weights into floats (the same values): "
                "bit patterns, byte permutes (inline PTX: a GPU only), or Triton's cast",
                choices=("bits", "permute", "cast")),
-        Option("schedule", str, "static", "which program runs which work item: static (program p takes items p, "
-               "p + programs, ...) or dynamic (each program takes the next untaken item from a counter, so that one "
-               "delayed by a wait takes fewer)", choices=("static", "dynamic")),
         Option("item_calls", bool, False, "the work items compiled as functions the kernel calls, not inlined: "
                "each item keeps the registers it needs (inlined, the kernel takes its items' registers together)"),
         Option("timeline", bool, False, "profiling: each work item's program, start and end (ns) of the last step "
@@ -202,8 +199,7 @@ class PersistentForward(ForwardPass):
         launch = dict(scale_strides=scales, num_warps=self.options["num_warps"],
                       max_registers=self.options["max_registers"], timeline=self._timeline(plan),
                       causal=step.causal, stages=self.options["stages"],
-                      item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"],
-                      schedule=self.options["schedule"])
+                      item_calls=self.options["item_calls"], int8_convert=self.options["int8_convert"])
         if not self._programs:
             self._programs = 1 if dot_f32 else self._grid(args, launch)
         launch_persistent_step(*args, self._programs, dot_f32, **launch)

@@ -19,10 +19,7 @@ prologue), one attention-input item per kv head (q/k RMSNorm, RoPE, the K/V page
 the gate_up tiles (post-attention RMSNorm, SwiGLU), the down tiles (+ residual; o_proj and down
 tiles in ``SPLIT_O`` / ``SPLIT_DOWN`` K runs, the last run of a tile adding the runs' sums; a down
 run waits for the gate_up tiles of its K range only); then the lm_head tiles (final RMSNorm, float32
-logits). Program ``p`` takes items ``p, p + programs, ...`` in order (``DYNAMIC``: each program
-takes the next untaken item from a counter, one item ahead of the one it runs, so that a program
-delayed by a wait takes fewer; items are still taken in list order, which keeps every wait
-satisfiable while all programs are resident). An item waits on the int32 counter its inputs
+logits). Program ``p`` takes items ``p, p + programs, ...`` in order. An item waits on the int32 counter its inputs
 increment (persistent_items.py), never on a kernel boundary, and loads its first weight chunk before
 it waits. Every GEMV tile is ``[16 tokens, BLOCK_N columns]`` through ``tl.dot`` over ``BLOCK_K``
 chunks; every attention item ``[16 * GROUP query rows padded to a power of two (ATTN_ROWS), BLOCK_N
@@ -45,7 +42,6 @@ from tileinfer.backends.triton import persistent_plan as plan_
 from tileinfer.backends.triton.linear_tiles import INT8_CONVERTS
 from tileinfer.backends.triton.persistent_plan import StepBuffers, StepPlan, StepShape
 
-SCHEDULES = {"static": False, "dynamic": True}
 
 # The item kinds and the pointer table's width, as constants of the kernel.
 QKV, ATTN_IN, ATTN, O_PROJ, GATE_UP, DOWN = (tl.constexpr(k) for k in (plan_.QKV, plan_.ATTN_IN, plan_.ATTN,
@@ -95,7 +91,7 @@ def _persistent_step_kernel(
     INT8: tl.constexpr, LM_INT8: tl.constexpr, KV_INT8: tl.constexpr, SMOOTH: tl.constexpr,
     DOT_F32: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, TIMELINE: tl.constexpr,
     STAGES: tl.constexpr, SPLIT_O: tl.constexpr, SPLIT_DOWN: tl.constexpr,
-    CONVERT: tl.constexpr, DYNAMIC: tl.constexpr, ATTN_ROWS: tl.constexpr,
+    CONVERT: tl.constexpr, ATTN_ROWS: tl.constexpr,
 ):
     GROUP: tl.constexpr = H // HKV
     NQKV: tl.constexpr = (H + 2 * HKV) * D
@@ -111,18 +107,9 @@ def _persistent_step_kernel(
     NT_O: tl.constexpr = (HIDDEN + BN_O - 1) // BN_O
     NT_DOWN: tl.constexpr = (HIDDEN + BN_DOWN - 1) // BN_DOWN
     NT_RUNS: tl.constexpr = NT_O + NT_DOWN  # a layer's tile counters of the K runs
-    tiles = counters_ptr + (n_counters - 2) // (CPL + NT_RUNS) * CPL  # after the layers' own counters
-    queue = counters_ptr + n_counters - 2  # the next untaken item (DYNAMIC)
+    tiles = counters_ptr + (n_counters - 1) // (CPL + NT_RUNS) * CPL  # after the layers' own counters
     n_programs = tl.num_programs(0)
-    if DYNAMIC:
-        i = tl.atomic_add(queue, 1, sem="relaxed", scope="gpu")
-    else:
-        i = tl.program_id(0)
-    while i < n_items:
-        if DYNAMIC:  # taken now, needed after this item: the atomic's latency hides behind the item
-            following = tl.atomic_add(queue, 1, sem="relaxed", scope="gpu")
-        else:
-            following = i + n_programs
+    for i in range(tl.program_id(0), n_items, n_programs):
         if TIMELINE:
             start = _now()
         kind = tl.load(items_ptr + i * 4)
@@ -197,7 +184,6 @@ def _persistent_step_kernel(
             tl.store(timeline_ptr + i * 3, tl.program_id(0).to(tl.int64))
             tl.store(timeline_ptr + i * 3 + 1, start)
             tl.store(timeline_ptr + i * 3 + 2, _now())
-        i = following
     # The last program to get here zeroes every counter (the finished count too) for the next launch.
     tl.debug_barrier()
     if tl.atomic_add(counters_ptr + n_counters - 1, 1, sem="acq_rel", scope="gpu") == n_programs - 1:
@@ -225,11 +211,10 @@ _step_kernel_calling_items = _items_as_calls(_persistent_step_kernel)
 
 def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bool = False, upcast: bool = False,
                      timeline: bool = False, stages: int = 1,
-                     int8_convert: str = "bits", schedule: str = "static") -> dict:
+                     int8_convert: str = "bits") -> dict:
     """The kernel's constexprs for ``shape`` (weights int8 where ``int8``, the lm_head's where
     ``lm_int8``; ``dot_f32``, ``upcast``: the interpreter's float32 tiles, whose int8 weights take
-    Triton's cast; else ``int8_convert`` of linear_tiles.INT8_CONVERTS; ``schedule``: ``static``
-    (program p takes items p, p + programs, ...) or ``dynamic`` (the next untaken item))."""
+    Triton's cast; else ``int8_convert`` of linear_tiles.INT8_CONVERTS)."""
     s = shape
     return dict(HIDDEN=s.hidden, H=s.heads, HKV=s.kv_heads, D=s.head_dim, INTER=s.intermediate, VOCAB=s.vocab,
                 PAGE_SIZE=s.page_size, NUM_SPLITS=s.num_splits, CHUNK=s.chunk, ATTN_BLOCK=s.attn_block,
@@ -238,7 +223,7 @@ def kernel_constants(shape: StepShape, *, int8: bool, lm_int8: bool, dot_f32: bo
                 DOT_F32=dot_f32, UPCAST=upcast, DOT_PRECISION="ieee", TIMELINE=timeline, STAGES=stages,
                 SPLIT_O=s.k_splits()[0], SPLIT_DOWN=s.k_splits()[1],
                 CONVERT=0 if dot_f32 else INT8_CONVERTS[int8_convert],
-                DYNAMIC=SCHEDULES[schedule], ATTN_ROWS=s.attention_rows)
+                ATTN_ROWS=s.attention_rows)
 
 
 def compile_options(num_warps: int, max_registers: int) -> dict:
@@ -253,8 +238,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
                            programs: int, dot_f32: bool, *, scale_strides: tuple[int, int] = (0, 0),
                            num_warps: int = 4, max_registers: int = 0, timeline: torch.Tensor | None = None,
                            causal: bool = True, stages: int = 1, item_calls: bool = False,
-                           int8_convert: str = "bits", schedule: str = "static",
-                           warmup: bool = False):
+                           int8_convert: str = "bits", warmup: bool = False):
     """One step of ``T = positions.numel()`` (1..16) tokens whose embeddings are in ``bufs.h[:T]``:
     runs ``plan`` and leaves the float32 logits in ``bufs.logits[:T]``, the captured layer outputs
     in ``bufs.capture``, the keys and values in the pages. ``layer_ptrs``: the layers' addresses
@@ -268,8 +252,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
     its own choice (up to 255). ``causal`` False: every query also sees the keys of the step's later
     tokens (a block drafter's step). ``stages``, ``int8_convert``: how the GEMV items load and
     convert their chunks
-    (:func:`persistent_items.gemv_item`; the same bits). ``schedule``: which program takes which
-    item (:func:`kernel_constants`; the same bits). ``item_calls``: the kernel whose work items
+    (:func:`persistent_items.gemv_item`; the same bits). ``item_calls``: the kernel whose work items
     are calls, not inlined (:func:`_items_as_calls`). ``timeline``: int64 ``[n_items, 3]``, where
     each item's program, start and end (ns of the GPU's global timer) are written (profiling; None:
     not). ``warmup``: compile, do not run; returns the compiled kernel (for
@@ -288,7 +271,7 @@ def launch_persistent_step(plan: StepPlan, shape: StepShape, bufs: StepBuffers, 
             *page_strides, *scale_strides)
     kw = dict(kernel_constants(s, int8=int8, lm_int8=lm_int8, dot_f32=dot_f32,
                                upcast=dot_f32 and act.dtype != torch.float32, timeline=timeline is not None,
-                               stages=stages, int8_convert=int8_convert, schedule=schedule),
+                               stages=stages, int8_convert=int8_convert),
               **compile_options(num_warps, max_registers))
     kernel = step_kernel(item_calls)
     if warmup:

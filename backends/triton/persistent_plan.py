@@ -75,10 +75,9 @@ class StepShape:
     def num_counters(self) -> int:
         """Per layer: qkv, attention inputs and splits per kv head, attention, o_proj, gate_up (one
         per K run of the down tiles: the gate_up tiles each run reads), down; then per layer the
-        runs finished of each o_proj and down tile; then the next untaken item (a dynamic schedule's)
-        and the count of finished programs."""
+        runs finished of each o_proj and down tile; then the count of finished programs."""
         _, n_o, _, n_down, _ = self.tiles()
-        return self.layers * (4 + 2 * self.kv_heads + self.k_splits()[1]) + self.layers * (n_o + n_down) + 2
+        return self.layers * (4 + 2 * self.kv_heads + self.k_splits()[1]) + self.layers * (n_o + n_down) + 1
 
 
 @dataclass

@@ -100,8 +100,7 @@ def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_
 
 @pytest.mark.parametrize("options", [{"stages": 1},
                                      {"item_calls": True, "max_registers": 128, "programs_per_sm": 4},
-                                     {"int8_convert": "permute"}, {"int8_convert": "cast"},
-                                     {"schedule": "dynamic"}])
+                                     {"int8_convert": "permute"}, {"int8_convert": "cast"}])
 @pytest.mark.parametrize("quantize", ["none", "int8"])
 def test_how_the_chunks_are_loaded_changes_no_bit(folder, quantize, options):
     """Options that change when or how a GEMV chunk reaches the program (or how int8 weights become
