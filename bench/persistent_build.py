@@ -1,7 +1,8 @@
 """The persistent step's kernel as Triton and ptxas build it for an H100/H200 (sm_90), on any machine:
 no GPU, no run. ``python -m bench persistent-build [--shape S] [--int8] [--kv-int8] [KEY=VALUE ...]``
 (KEY: an option of ``options.persistent``: num_warps, block_k, block_n, chunk, num_splits,
-max_registers, stages, item_calls, split_k, int8_convert)
+max_registers, stages, item_calls, split_k, int8_convert; programs_per_sm, the grid an ``auto`` qkv
+tile is sized for, over 132 multiprocessors)
 compiles the kernel with the specialization a launch gives it (pointers and strides multiples of
 16) and prints and records
 (kind ``persistent_build``, machine ``cpu``) what sets its speed before it runs: registers a
@@ -27,7 +28,7 @@ from tileinfer.model_config import ModelConfig
 from . import records, sm90_build
 from .shapes import SHAPES, model_config
 
-INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k")
+INTS = ("num_warps", "block_k", "chunk", "num_splits", "max_registers", "stages", "split_k", "programs_per_sm")
 BOOLS = ("item_calls",)
 STRINGS = ("block_n", "int8_convert")
 
@@ -35,10 +36,15 @@ STRINGS = ("block_n", "int8_convert")
 def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool = False, **options) -> dict:
     """Build the kernel for sm_90 (``options``: ``options.persistent``'s) and read what it takes."""
     from tileinfer.backends.triton import persistent as P
-    from tileinfer.backends.triton.persistent_plan import StepShape
+    from tileinfer.backends.triton.interpreter import DEFAULT_NUM_SMS
+    from tileinfer.backends.triton.persistent_plan import BLOCK_N, StepShape, block_n_sizes, qkv_block_n
 
     mc = ModelConfig.from_folder(Path(shape)) if (Path(shape) / "config.json").is_file() else model_config(shape)
-    block_n = tuple(int(b) for b in str(options.get("block_n", "16,16,16,16,64")).split(","))
+    qkv, *rest = block_n_sizes(str(options.get("block_n", BLOCK_N)))
+    if qkv is None:
+        qkv = qkv_block_n((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim,
+                          DEFAULT_NUM_SMS * options.get("programs_per_sm", 2))
+    block_n = (qkv, *rest)
     step = StepShape(hidden=mc.hidden_size, heads=mc.num_heads, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
                      intermediate=mc.intermediate_size, vocab=mc.vocab_size, layers=mc.num_layers, page_size=64,
                      num_splits=options.get("num_splits", 16), chunk=options.get("chunk", 128),
@@ -64,8 +70,8 @@ def compile_step(shape: str = "Qwen3-4B", *, int8: bool = False, kv_int8: bool =
     fit = sm90_build.programs_per_sm(regs, build.warps, shared)
     memory = {op: n for op, n in sm90_build.opcodes(build.sass).items()
               if op.split(".")[0] in ("LDG", "STG", "LDGSTS", "UTMALDG")}
-    return {"shape": shape, "int8": int8, "kv_int8": kv_int8, "options": options, "registers": regs,
-            "spill_stores": spill_stores, "spill_loads": spill_loads, "shared_bytes": shared,
+    return {"shape": shape, "int8": int8, "kv_int8": kv_int8, "options": options, "block_n": list(block_n),
+            "registers": regs, "spill_stores": spill_stores, "spill_loads": spill_loads, "shared_bytes": shared,
             "programs_per_sm": fit, "global_memory": dict(sorted(memory.items()))}
 
 
@@ -78,6 +84,10 @@ def option(text: str) -> tuple[str, object]:
     key, _, value = text.partition("=")
     if key not in (*INTS, *BOOLS, *STRINGS) or not value:
         raise ValueError(f"{text}: expected KEY=VALUE, KEY one of {', '.join((*INTS, *BOOLS, *STRINGS))}")
+    if key == "block_n":
+        from tileinfer.backends.triton.persistent_plan import block_n_sizes
+
+        block_n_sizes(value)  # a bad value: argparse's one-line error
     return key, int(value) if key in INTS else value.lower() == "true" if key in BOOLS else value
 
 

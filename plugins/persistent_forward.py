@@ -8,8 +8,9 @@ import torch
 
 from tileinfer.backends.triton.interpreter import interpreted, kernels_run_on, sms_of
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, check_int8_pages
-from tileinfer.backends.triton.persistent_plan import (ALIGN, StepBuffers, StepPlan, StepShape,
-                                                       layer_pointer_table, resident_programs)
+from tileinfer.backends.triton.persistent_plan import (ALIGN, BLOCK_N, StepBuffers, StepPlan, StepShape,
+                                                       block_n_sizes, layer_pointer_table, qkv_block_n,
+                                                       resident_programs)
 from tileinfer.backends.triton.persistent import launch_persistent_step
 from tileinfer.interfaces import ForwardPass, KVStore, RunSpec, Step
 from tileinfer.model import stack_forward
@@ -30,8 +31,9 @@ class PersistentForward(ForwardPass):
         Option("chunk", int, 128, "positions per attention chunk (a multiple of 64); the partitions take "
                "chunks round-robin", minimum=64),
         Option("block_k", int, 256, "K columns per GEMV chunk (a power of two)", minimum=16),
-        Option("block_n", str, "16,16,16,16,64", "output columns per GEMV tile of qkv, o_proj, gate_up, down, "
-               "lm_head (powers of two >= 16)"),
+        Option("block_n", str, BLOCK_N, "output columns per GEMV tile of qkv, o_proj, gate_up, down, "
+               "lm_head (powers of two >= 16); qkv's may be auto: 16, or 32 where tiles of 16 would take more than "
+               "one round of the grid's programs (programs_per_sm x multiprocessors)"),
         Option("num_warps", int, 4, "warps per program of the persistent grid (4 or 8)", minimum=4),
         Option("max_registers", int, 0, "registers a thread at most (the compiler's maxnreg: it spills what does "
                "not fit; 0: its own choice, up to 255); with num_warps, what sets the programs that fit per "
@@ -58,12 +60,14 @@ class PersistentForward(ForwardPass):
             reasons.append(f"the persistent step is a Triton kernel: it needs a CUDA GPU, and device is "
                            f"{run.device.type} (or set TRITON_INTERPRET=1)")
         o = run.options
-        sizes = [int(x) for x in o["block_n"].split(",") if x.strip().isdigit()]
-        if len(sizes) != 5 or any(b < 16 or b & (b - 1) for b in sizes):
-            reasons.append(f"options.persistent.block_n={o['block_n']!r}: five powers of two >= 16, comma-separated")
+        try:
+            sizes = block_n_sizes(o["block_n"])
+        except ValueError as e:
+            sizes = ()
+            reasons.append(f"options.persistent.{e}")
         if o["block_k"] & (o["block_k"] - 1):
             reasons.append(f"options.persistent.block_k={o['block_k']}: a power of two")
-        elif len(sizes) == 5 and sizes[2] > o["block_k"]:
+        elif sizes and sizes[2] > o["block_k"]:
             reasons.append(f"options.persistent.block_n: gate_up's {sizes[2]} columns exceed block_k={o['block_k']} "
                            "(a gate_up tile must lie in one K run of the down tiles)")
         if o["chunk"] % 64:
@@ -111,10 +115,16 @@ class PersistentForward(ForwardPass):
         return None
 
     def _shape(self, model) -> StepShape:
-        """The options' tiles; under the interpreter, which runs the work items one after another
-        at a fixed cost each, at least 64 columns a GEMV tile and at most 2 splits a kv head."""
+        """The options' tiles (an ``auto`` qkv tile by :func:`qkv_block_n` over the grid asked for,
+        ``programs_per_sm`` a multiprocessor); under the interpreter, which runs the work items one
+        after another at a fixed cost each, at least 64 columns a GEMV tile and at most 2 splits a kv
+        head."""
         c, o = stack_config(model), self.options
-        block_n, splits = tuple(int(x) for x in o["block_n"].split(",")), o["num_splits"]
+        qkv, *rest = block_n_sizes(o["block_n"])
+        if qkv is None:
+            qkv = qkv_block_n((c.num_heads + 2 * c.num_kv_heads) * c.head_dim,
+                              sms_of(model.device) * o["programs_per_sm"])
+        block_n, splits = (qkv, *rest), o["num_splits"]
         if interpreted(model.device):
             block_n, splits = tuple(max(b, 64) for b in block_n), min(splits, 2)
         return StepShape(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim,

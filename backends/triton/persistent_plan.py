@@ -1,6 +1,7 @@
 """Host side of the persistent decode step (persistent.py): the shapes a compiled kernel
-serves (:class:`StepShape`), the work list of a step (:class:`StepPlan`), the buffers it works in
-(:class:`StepBuffers`) and the grid that fits on the device (:func:`resident_programs`)."""
+serves (:class:`StepShape`, its GEMV tiles from :func:`block_n_sizes` and :func:`qkv_block_n`), the
+work list of a step (:class:`StepPlan`), the buffers it works in (:class:`StepBuffers`) and the grid
+that fits on the device (:func:`resident_programs`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,26 @@ LAYER_POINTERS = ("qkv_w", "qkv_s", "o_w", "o_s", "gate_up_w", "gate_up_s", "dow
 INT8_KV_POINTERS = ("k_scale", "v_scale", "k_smooth")
 NUM_PTRS = len(LAYER_POINTERS)
 ALIGN = 16  # bytes: every address of the table (the kernel reads through it in 16-byte vectors)
+BLOCK_N = "auto,16,16,16,64"  # options.persistent.block_n's default: qkv by qkv_block_n, the others fixed
+
+
+def block_n_sizes(text: str) -> tuple[int | None, int, int, int, int]:
+    """The GEMV tiles' output columns that ``text`` names (``options.persistent.block_n``): qkv,
+    o_proj, gate_up, down, lm_head, comma-separated powers of two >= 16; qkv's may be ``auto``
+    (None here: :func:`qkv_block_n` decides). A ValueError of one line for anything else."""
+    parts = [p.strip() for p in text.split(",")]
+    sizes = [None if i == 0 and p == "auto" else int(p) if p.isdigit() else 0 for i, p in enumerate(parts)]
+    if len(sizes) != 5 or any(b is not None and (b < 16 or b & (b - 1)) for b in sizes):
+        raise ValueError(f"block_n={text!r}: five powers of two >= 16, comma-separated (qkv's may be auto)")
+    return tuple(sizes)
+
+
+def qkv_block_n(columns: int, programs: int) -> int:
+    """The qkv tile's output columns for ``columns`` qkv columns over a grid of ``programs``: 16,
+    unless tiles of 16 take more than one round of the programs, then 32. Qwen3-4B (6,144 columns:
+    384 tiles of 16, two rounds of 264 programs; 192 of 32, one) took 4.39 ms a 1-token step with
+    32, 4.73 with 16 (an H100, 2026-12-06); Qwen3-0.6B's 4,096 columns are 256 tiles of 16, one round."""
+    return 16 if triton.cdiv(columns, 16) <= programs else 32
 
 
 @dataclass(frozen=True)

@@ -261,6 +261,7 @@ def test_a_stack_that_is_not_qwen3_is_named(case, caplog):
 
 @pytest.mark.parametrize("bad, words", [({"block_n": "64,64"}, "five powers of two"),
                                         ({"block_n": "64,64,48,64,64"}, "five powers of two"),
+                                        ({"block_n": "64,auto,64,64,64"}, "qkv's may be auto"),
                                         ({"block_k": 96}, "block_k=96"), ({"chunk": 96}, "chunk=96"),
                                         ({"num_warps": 6}, "num_warps=6: 4 or 8"),
                                         ({"block_n": "64,64,128,64,64", "block_k": 64},

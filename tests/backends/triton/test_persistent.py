@@ -21,8 +21,8 @@ import torch
 from tileinfer.backends.reference.persistent import decode_step
 from tileinfer.backends.reference.linear import quantize_int8
 from tileinfer.backends.triton.persistent import launch_persistent_step
-from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, StepShape, layer_pointer_table,
-                                                       resident_programs)
+from tileinfer.backends.triton.persistent_plan import (StepBuffers, StepPlan, StepShape, block_n_sizes,
+                                                       layer_pointer_table, qkv_block_n, resident_programs)
 
 HIDDEN, HEADS, KV_HEADS, D, INTER, VOCAB, LAYERS, PAGE, START = 80, 4, 2, 32, 96, 200, 2, 16, 70
 SHAPE = StepShape(hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS, head_dim=D, intermediate=INTER, vocab=VOCAB,
@@ -98,6 +98,24 @@ def test_resident_programs_counts_what_an_sm_allocates(regs, warps, shared, fit)
     compiled = SimpleNamespace(_init_handles=lambda: None, n_regs=regs,
                                metadata=SimpleNamespace(num_warps=warps, shared=shared))
     assert resident_programs(compiled, 132, 228 * 1024) == fit
+
+
+@pytest.mark.parametrize("columns, programs, block", [
+    ((32 + 2 * 8) * 128, 132 * 2, 32),  # Qwen3-4B: 384 tiles of 16, two rounds of 264 programs
+    ((16 + 2 * 8) * 128, 132 * 2, 16),  # Qwen3-0.6B: 256 tiles of 16, one round
+    (264 * 16, 264, 16), (264 * 16 + 1, 264, 32),  # one round exactly, one column more
+])
+def test_the_qkv_tile_is_16_columns_unless_those_take_more_than_one_round(columns, programs, block):
+    assert qkv_block_n(columns, programs) == block
+
+
+def test_block_n_names_five_powers_of_two_the_first_may_be_auto():
+    assert block_n_sizes("auto,16,16,16,64") == (None, 16, 16, 16, 64)
+    assert block_n_sizes(" 32, 16,64,16,128") == (32, 16, 64, 16, 128)
+    for bad in ("16,16,16,16", "16,auto,16,16,64", "48,16,16,16,64", "8,16,16,16,64", "x,16,16,16,64",
+                "auto,16,16,16,64,16", ""):
+        with pytest.raises(ValueError, match="five powers of two"):
+            block_n_sizes(bad)
 
 
 def test_the_kernel_calling_its_items_specializes_the_same_constants():
