@@ -5,10 +5,11 @@
     python -m bench kernels linear [...]              # GEMV / GEMM per layer, tile sweeps, a decode step (linear.py)
 
 ``ops`` times the small ops of a decoder layer (``OPS``): the residual add, RMSNorm (rows and q
-heads), RoPE (q heads after 1,000 positions), SwiGLU, the paged KV write and the fused attention
-inputs (q/k norm, RoPE, KV write; also into int8 pages). Each case is checked against its twin (max
-abs error), then both are timed by bench/timing.py from a CUDA graph of one call per input copy,
-rotating among enough copies that the working set is not in the H200's 60 MB L2; a record (kind
+heads), RoPE (q heads after 1,000 positions), SwiGLU, the paged KV write, the fused attention
+inputs (q/k norm, RoPE, KV write; also into int8 pages) and an int8 weight's values written into a
+bf16 buffer (``int8_dequant``). Each case is checked against its twin (max abs error), then both
+are timed by bench/timing.py from a CUDA graph of one call per input copy, rotating among enough
+copies that the working set is not in the H200's 60 MB L2; a record (kind
 ``kernel``) gives the device times, GB/s (bytes read + written) and that as a fraction of the copy
 bandwidth measured in the same run.
 """
@@ -253,8 +254,28 @@ def attention_inputs_cases(s: dict, t: int) -> Iterable[tuple]:
            int8_twin, 2 * t * d * ((h + 2 * hkv) + h) + 2 * t * hkv * (d + 4))
 
 
+def int8_dequant_cases(s: dict, t: int) -> Iterable[tuple]:
+    """An int8 weight's values into a bf16 buffer (the first half of ``options.triton.int8_prefill_dequant``),
+    per layer weight of the decoder (q/k/v and gate/up fused); T does not enter (one case per T all the same)."""
+    from tileinfer.backends.reference.int8_dequant import dequantize_int8 as ref
+    from tileinfer.backends.triton.int8_dequant import dequantize_int8
+
+    h, d, inter = s["hidden_size"], s["head_dim"], s["intermediate_size"]
+    q, kv = s["num_attention_heads"] * d, s["num_key_value_heads"] * d
+    for case, (n, k) in dict(qkv=(q + 2 * kv, h), o_proj=(h, q), gate_up=(2 * inter, h), down=(h, inter)).items():
+
+        def make(seed: int, n=n, k=k):
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            w = torch.randint(-128, 128, (n, k), generator=g, device="cuda", dtype=torch.int8)
+            return w, torch.empty(n, k, dtype=torch.bfloat16, device="cuda")
+
+        yield (case, (n, k), make, lambda c: dequantize_int8(c[0], torch.bfloat16, out=c[1]),
+               lambda c: ref(c[0], torch.bfloat16), 3 * n * k)
+
+
 OPS = {"add": add_cases, "rms_norm": rms_norm_cases, "rope": rope_cases, "silu_mul": silu_mul_cases,
-       "kv_write": kv_write_cases, "attention_inputs": attention_inputs_cases}
+       "kv_write": kv_write_cases, "attention_inputs": attention_inputs_cases,
+       "int8_dequant": int8_dequant_cases}
 
 
 def ops_main(args) -> int:

@@ -34,7 +34,7 @@ def test_every_small_op_of_the_triton_backend_is_a_case():
 
     triton = Path(kernels.__file__).resolve().parents[2] / "backends" / "triton"
     assert all((triton / f"{op}.py").is_file() for op in kernels.OPS)
-    assert set(kernels.OPS) == {"add", "rms_norm", "rope", "silu_mul", "kv_write", "attention_inputs"}
+    assert set(kernels.OPS) == {"add", "rms_norm", "rope", "silu_mul", "kv_write", "attention_inputs", "int8_dequant"}
 
 
 @pytest.mark.parametrize("argv, message", [
