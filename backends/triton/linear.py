@@ -55,7 +55,9 @@ def linear(
     - ``x``: ``[T, K]``, float16 / bfloat16 / float32, unit column stride (any row stride: a row
       slice works). ``w``: ``[N, K]`` row-major contiguous (nn.Linear layout): x's dtype, or int8
       (values in [-128, 127]) with ``scale`` float32 ``[N]`` contiguous, one per output row (W8A16:
-      ``W = w * scale[:, None]``, applied to the float32 accumulator).
+      ``W = w * scale[:, None]``, applied to the float32 accumulator). A ``scale`` with ``w`` in x's
+      dtype (T > 16, the GEMMs only): the same arithmetic on the model-dtype tiles, for the values of
+      an int8 weight written out by int8_dequant.py (``options.triton.int8_prefill_dequant``).
     - ``out_dtype``: ``x.dtype`` (default) or ``torch.float32`` (lm_head logits: the float32
       accumulator is stored directly, never rounded through the model dtype).
     - ``swiglu=False``: returns ``[T, N]``. ``swiglu=True``: ``w`` (and ``scale``) hold the fused
@@ -86,10 +88,13 @@ def linear(
     n_w = w.shape[0]
     assert w.shape[1] == K, f"x {tuple(x.shape)} and w {tuple(w.shape)} disagree on K"
     assert x.dtype in FLOAT_DTYPES, f"unsupported activation dtype {x.dtype}"
+    int8 = w.dtype == torch.int8
     if scale is None:
         assert w.dtype == x.dtype, f"x is {x.dtype} but w is {w.dtype} (int8 weights come with their scale)"
     else:
-        assert w.dtype == torch.int8, f"a weight with a scale must be int8, got {w.dtype}"
+        assert w.dtype in (torch.int8, x.dtype), f"a weight with a scale must be int8 or {x.dtype}, got {w.dtype}"
+        assert int8 or T > SMALL_STEP_MAX_TOKENS, (
+            f"a scale with a {w.dtype} weight is for the GEMM (T > {SMALL_STEP_MAX_TOKENS}), got T = {T}")
         assert scale.shape == (n_w,) and scale.dtype == torch.float32 and scale.is_contiguous(), (
             f"scale must be ({n_w},) float32 contiguous, got {tuple(scale.shape)} {scale.dtype}")
         assert scale.device == x.device, f"x on {x.device}, scale on {scale.device}"
@@ -102,9 +107,9 @@ def linear(
     assert K > 0, "K must be positive"
     cfg = config or rule_config(x, w, scale, swiglu=swiglu, out_dtype=out.dtype)
     dot_f32 = interpreted(x.device)
-    assert not (dot_f32 and scale is not None and cfg.int8_convert == "permute"), (
+    assert not (dot_f32 and int8 and cfg.int8_convert == "permute"), (
         "int8_convert='permute' is inline PTX: it runs on a GPU, not under the interpreter")
-    frag = check_layout(int8_layout, scale is not None, K, cfg.block_k)
+    frag = check_layout(int8_layout, int8, K, cfg.block_k)
     if T <= SMALL_STEP_MAX_TOKENS:
         assert isinstance(cfg, GemvConfig), f"T <= {SMALL_STEP_MAX_TOKENS} takes a GemvConfig, got {cfg}"
         launch_gemv(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, use_pdl(pdl, x.device), counters,
@@ -128,7 +133,7 @@ def rule_config(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
     SwiGLU call passes ``rule_config(x, w, scale, swiglu=True)`` to its plain call."""
     T, K = x.shape
     n_w = w.shape[0]
-    int8 = scale is not None
+    int8 = w.dtype == torch.int8  # a scaled weight in x's dtype takes the model-dtype tiles
     if T <= SMALL_STEP_MAX_TOKENS:
         cfg = gemv_config(n_w, K, T, sms_of(x.device), int8=int8)
         if interpreted(x.device):  # its programs run one after another: fewer, wider ones
@@ -142,7 +147,7 @@ def rule_config(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
 def layer_counters(w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """The split-K counters that :func:`linear` with the rule's tiles needs for the weight ``w``
     at any T <= 16 (None where it needs none), for the layer that owns the weight to hold and pass."""
-    needed = counters_needed(w.shape[0], w.shape[1], sms_of(w.device), int8=scale is not None)
+    needed = counters_needed(w.shape[0], w.shape[1], sms_of(w.device), int8=w.dtype == torch.int8)
     return torch.zeros(needed, dtype=torch.int32, device=w.device) if needed else None
 
 

@@ -8,7 +8,9 @@ model-dtype dot operands on the GPU (float32 ones under the interpreter, ``DOT_F
 with ``input_precision="ieee"``). The tile is a rule (``gemm_config`` of linear_tiles.py, from the
 weight's shape, its format and T), not run-time autotuning. Int8 weights (``INT8``): each K step
 converts the int8 weight tile in registers to the activation dtype (exact: :func:`int8_to`) before
-``tl.dot``, and the per-output-row float32 scales multiply the accumulator before the epilogues.
+``tl.dot``, and the per-output-row float32 scales multiply the accumulator before the epilogues
+(``SCALED``: also a model-dtype weight with row scales, the int8 weight's values written out by
+int8_dequant.py: the W8A16 arithmetic on the model-dtype path's tiles).
 The converted tile reaches the tensor cores through registers rather than staged by the copy
 engine like the model-dtype operands, so ``swap_ab`` computes the tile transposed (``w x^T``): the
 converted weight is then the dot's first operand, which Hopper's tensor cores read from registers,
@@ -49,11 +51,11 @@ def _gemm_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, r_ptr, M, N, K, I_OFF, stride_xm, stride_wn, stride_ym, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
-    INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr, FRAG: tl.constexpr,
+    INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr, FRAG: tl.constexpr, SCALED: tl.constexpr,
 ):
-    """One BLOCK_M x BLOCK_N tile of y = x w^T (INT8: ``(x q^T) * scale``; N = output columns, I when
-    SWIGLU, whose program also computes the matching up tile at weight rows I_OFF + n); RESIDUAL adds
-    ``r`` (y's shape) to the rounded tile. SWAP_AB: the tile is computed transposed."""
+    """One BLOCK_M x BLOCK_N tile of y = x w^T (SCALED: ``(x w^T) * scale``, w int8 where INT8; N =
+    output columns, I when SWIGLU, whose program also computes the matching up tile at weight rows
+    I_OFF + n); RESIDUAL adds ``r`` (y's shape) to the rounded tile. SWAP_AB: the tile is computed transposed."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -87,7 +89,7 @@ def _gemm_kernel(
         acc = tl.trans(acc)
         if SWIGLU:
             acc_u = tl.trans(acc_u)
-    if INT8:
+    if SCALED:
         acc = acc * tl.load(s_ptr + rows_n)[None, :]
         if SWIGLU:
             acc_u = acc_u * tl.load(s_ptr + rows_n + I_OFF)[None, :]
@@ -115,7 +117,8 @@ def gemm_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
                 residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
                 dot_f32: bool, frag: bool = False) -> KernelLaunch:
     """The GEMM of ``linear`` (T > 16) on checked arguments: the launch of ``_gemm_kernel`` with the
-    non-persistent ``cfg``. ``scale``: the int8 weight's row scales (None: ``w`` in x's dtype);
+    non-persistent ``cfg``. ``scale``: the row scales of an int8 ``w``, or of one in x's dtype (None:
+``w`` in x's dtype, unscaled);
     ``i_off``: the first up row of a SwiGLU weight (else 0); ``dot_f32``: float32 dot operands (the
     interpreter); ``frag``: the int8 weight in the ``fragments`` layout."""
     assert not cfg.persistent, f"the persistent kernel launches through linear_gemm_persistent.py: {cfg}"
@@ -126,9 +129,9 @@ def gemm_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
             r.stride(0))
     return KernelLaunch(_gemm_kernel, grid, args, dict(
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SWIGLU=swiglu,
-        DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, RESIDUAL=residual is not None, INT8=scale is not None,
-        BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab, FRAG=frag, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, enable_fp_fusion=True))
+        DOT_F32=dot_f32, EVEN_K=K % cfg.block_k == 0, RESIDUAL=residual is not None, INT8=w.dtype == torch.int8,
+        BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab, FRAG=frag, SCALED=scale is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True))
 
 
 def launch_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,

@@ -13,7 +13,8 @@ the descriptors too. The W8A16 form loads the int8 weight tile as is (half the b
 shared memory), converts it in registers after the shared-memory load (:func:`int8_to`; a weight in
 the ``fragments`` layout, ``FRAG``, put back in column order first: linear_layout.py),
 accumulates in float32 and applies the row scales in the epilogue; ``swap_ab`` computes the tile
-transposed (``q x^T``) as linear_gemm.py does.
+transposed (``q x^T``) as linear_gemm.py does. ``SCALED``: the row scales, of an int8 weight or of a
+model-dtype one (int8_dequant.py's values: the W8A16 arithmetic on the model-dtype tiles).
 
 Warp specialization (``warp_specialize``, with TMA, 4 warps): Triton's Hopper pass splits the K
 loop into a producer warp group (40 registers) that issues the TMA loads into the stages and two
@@ -128,13 +129,14 @@ def _gemm_persistent_kernel(
     SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
     INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr, TMA: tl.constexpr,
     FLATTEN: tl.constexpr, SPLIT: tl.constexpr, SPLITS: tl.constexpr, WS: tl.constexpr, FRAG: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     """y = x w^T (W8A16: ``(x q^T) * scale``) on N output columns (I when SWIGLU: gate rows n, up
     rows I_OFF + n), RESIDUAL adding ``r``. Whole tiles: row blocks [0, DP_ROWS); with SPLIT the
     others in SPLITS ranges of KB_PER_SPLIT chunks (partials ``p``, counters ``c``). ``x_ptr`` and
-    ``w_ptr`` are TMA descriptors with TMA. ``s_ptr``: the float32 row scales (INT8). Without SPLIT
-    the loop body has no branch (the gate half's store is masked off): Triton 3.6 cannot flatten
-    a tile loop whose body holds an ``if``."""
+    ``w_ptr`` are TMA descriptors with TMA. ``s_ptr``: the float32 row scales (SCALED; w int8 where
+    INT8). Without SPLIT the loop body has no branch (the gate half's store is masked off): Triton
+    3.6 cannot flatten a tile loop whose body holds an ``if``."""
     pid = tl.program_id(0)
     HALVES: tl.constexpr = 2 if SWIGLU else 1
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -170,7 +172,7 @@ def _gemm_persistent_kernel(
                         stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32, EVEN_K, INT8, BITS, SWAP_AB, TMA, WS, FRAG)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if INT8:
+        if SCALED:
             acc = acc * tl.load(s_ptr + offs_n % N + w_off)[None, :]
         if SPLIT:
             if is_dp:
@@ -228,9 +230,10 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
                       residual: torch.Tensor | None, cfg: GemmConfig, n_out: int, i_off: int, swiglu: bool,
                       dot_f32: bool, counters: torch.Tensor | None, frag: bool = False) -> KernelLaunch:
     """The persistent GEMM's launch on checked arguments: ``w`` ``[N_w, K]`` in x's dtype, or int8
-    with ``scale`` float32 ``[N_w]`` (``frag``: in the ``fragments`` layout); ``cfg`` with
-    ``persistent``. A split tail uses a float32 workspace and ``counters`` (int32 zeros, one per split
-    tile: :func:`split_tiles`; made for the call where None)."""
+    with ``scale`` float32 ``[N_w]`` (``frag``: in the ``fragments`` layout; a scale with a weight in
+    x's dtype is applied alike); ``cfg`` with ``persistent``. A split tail uses a float32 workspace
+    and ``counters`` (int32 zeros, one per split tile: :func:`split_tiles`; made for the call where
+    None)."""
     M, K = x.shape
     n_w = w.shape[0]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -261,14 +264,16 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
     assert not (cfg.warp_specialize and frag), f"warp_specialize does not build with int8_layout='fragments': {cfg}"
     x_arg = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk]) if tma else x
     w_arg = TensorDescriptor(w, [n_w, K], [w.stride(0), 1], [bn, bk]) if tma else w
-    int8 = scale is not None
-    args = (x_arg, w_arg, scale if int8 else w, out, r, part, counts, M, n_out, K, i_off, x.stride(0), w.stride(0),
-            out.stride(0), r.stride(0), part.stride(0), part.stride(-2), dp_rows, programs, n_lo, n_hi, per_split)
+    int8 = w.dtype == torch.int8
+    args = (x_arg, w_arg, w if scale is None else scale, out, r, part, counts, M, n_out, K, i_off, x.stride(0),
+            w.stride(0), out.stride(0), r.stride(0), part.stride(0), part.stride(-2), dp_rows, programs, n_lo, n_hi,
+            per_split)
     return KernelLaunch(_gemm_persistent_kernel, (programs,), args, dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32,
-        EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert], SWAP_AB=cfg.swap_ab,
-        TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits, WS=cfg.warp_specialize and tma, FRAG=frag,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=True))
+        EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert],
+        SWAP_AB=cfg.swap_ab, TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits,
+        WS=cfg.warp_specialize and tma, FRAG=frag, SCALED=scale is not None, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, enable_fp_fusion=True))
 
 
 def launch_gemm_persistent(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
