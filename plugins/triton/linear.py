@@ -15,6 +15,15 @@ measured against.
 (backends/triton/linear_layout.py), the one copy that every call reads (GEMM, GEMV, the twin of
 ``matmul=torch``). A layer in ``fragments`` has no ``weight`` attribute (its ``packed`` holds the
 bytes), so that a reader of int8 rows (the persistent step) finds none and says so.
+
+``int8_prefill_dequant``: from that many tokens on (a prefill chunk), an int8 layer writes its
+weight's values into a model-dtype scratch buffer shared by every layer (dequant_scratch.py;
+backends/triton/int8_dequant.py, either layout) and runs the model-dtype GEMM on them with its
+float32 row scales on the accumulator, on the model-dtype rule's tiles: the W8A16 arithmetic (the
+same products and scales, summed in the model-dtype tiles' order), in place of the W8A16 GEMM whose
+in-register conversion bounds it at prefill. A linear whose output is not in the model dtype (the
+lm_head's float32 logits of a 16-bit model: 389 M weights at Qwen3-4B, 778 MB of scratch, for a
+prefill that computes one row) keeps the W8A16 GEMM.
 """
 
 from __future__ import annotations
@@ -25,13 +34,16 @@ import torch
 
 from tileinfer.backends.reference.linear import FRAGMENT_K, pack_fragments
 from tileinfer.backends.reference.linear import linear as torch_linear
+from tileinfer.backends.triton import SMALL_STEP_MAX_TOKENS
 from tileinfer.backends.triton.add import add
+from tileinfer.backends.triton.int8_dequant import dequantize_int8
 from tileinfer.backends.triton.linear import layer_counters, linear, rule_config
 from tileinfer.backends.triton.pdl import pdl_supported
 from tileinfer.backends.triton.rms_norm import rms_norm
 from tileinfer.backends.triton.silu_mul import silu_mul
 from tileinfer.interfaces import Linear, RunSpec
 from tileinfer.options import Option
+from tileinfer.plugins.triton.dequant_scratch import shared
 from tileinfer.plugins.triton.kernels_available import device_reasons
 from tileinfer.quantize import WEIGHT_FORMATS
 
@@ -54,6 +66,11 @@ class TritonLinear(Linear):
                "(each row's 64-column groups in the order the tensor cores' register fragments read them: 16-byte "
                "loads in the prefill GEMM, the same bits there; the GEMV sums in another order)",
                choices=("rows", "fragments")),
+        Option("int8_prefill_dequant", int, 0, "int8 weights at prefill: from this many tokens on (0: never; "
+               f"else > {SMALL_STEP_MAX_TOKENS}) a call writes its weight's values into a model-dtype scratch "
+               "buffer and runs the model-dtype GEMM with the scales (the W8A16 arithmetic on the BF16 tiles); "
+               "costs one buffer of the largest decoder weight in the model dtype (Qwen3-4B: 100 MB, 0.6B: "
+               "13 MB), not in kv_capacity=auto's estimate; the lm_head keeps the W8A16 GEMM", minimum=0),
     )
 
     @classmethod
@@ -65,6 +82,13 @@ class TritonLinear(Linear):
         if run.options["int8_layout"] == "fragments" and run.quantize != "int8":
             reasons.append(f"options.triton.int8_layout=fragments is a layout of int8 weights, and quantize is "
                            f"{run.quantize}: set quantize=int8")
+        dequant = run.options["int8_prefill_dequant"]
+        if 0 < dequant <= SMALL_STEP_MAX_TOKENS:
+            reasons.append(f"options.triton.int8_prefill_dequant={dequant}: steps of up to {SMALL_STEP_MAX_TOKENS} "
+                           f"tokens take the GEMV; set 0 (off) or more than {SMALL_STEP_MAX_TOKENS}")
+        if dequant and (run.quantize != "int8" or run.options["matmul"] == "torch"):
+            reasons.append(f"options.triton.int8_prefill_dequant is for int8 weights in the Triton GEMM, and quantize "
+                           f"is {run.quantize}, matmul {run.options['matmul']}: set quantize=int8, matmul=triton")
         if run.options["matmul"] == "torch" and run.options["fuse_epilogue"]:
             reasons.append("options.triton.matmul=torch runs the SwiGLU and residual add as kernels of their own: "
                            "set options.triton.fuse_epilogue=false")
@@ -85,32 +109,47 @@ class TritonLinear(Linear):
             self.weight = stored
         self.pdl = self.options["pdl"] and pdl_supported(weight.device)
         self.counters = layer_counters(self._stored, self.scale)  # the GEMVs' split-K counters, 0 between launches
+        self.dequant_from, self.scratch = 0, None  # tokens from which calls take the dequantized GEMM
+        if self.options["int8_prefill_dequant"] and self.scale is not None and self.out_dtype == self.dtype:
+            self.dequant_from, self.scratch = self.options["int8_prefill_dequant"], shared(weight.device, self.dtype)
+            self.scratch.reserve(self._stored.numel())
 
     @property
     def _stored(self) -> torch.Tensor:
         """The weight as ``linear`` reads it: ``weight`` (model dtype or int8 rows) or ``packed``."""
         return self.packed if self.int8_layout == "fragments" else self.weight
 
-    def _config(self, x: torch.Tensor, swiglu: bool):
+    def _weight(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
+        """The weight this call's GEMM reads and its int8 layout: the stored one, or from
+        ``dequant_from`` tokens on its values written into the scratch (model dtype, rows)."""
+        if not self.dequant_from or x.shape[0] < self.dequant_from or self.options["matmul"] == "torch":
+            return self._stored, self.int8_layout
+        rows, cols = self._stored.shape
+        values = dequantize_int8(self._stored, x.dtype, out=self.scratch.view(rows, cols),
+                                 int8_layout=self.int8_layout)
+        return values, "rows"
+
+    def _config(self, x: torch.Tensor, w: torch.Tensor, swiglu: bool):
         """The rule's tiles with ``options.triton.int8_convert`` for int8 weights; None (the rule's own
         choice, made by ``linear``) otherwise."""
-        if self.scale is None or self.options["int8_convert"] == "bits":
+        if w.dtype != torch.int8 or self.options["int8_convert"] == "bits":
             return None
-        cfg = rule_config(x, self._stored, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
+        cfg = rule_config(x, w, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
         return dataclasses.replace(cfg, int8_convert=self.options["int8_convert"])
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         o, swiglu = self.options, self.epilogue == "swiglu"
         if self.norm is not None:
             x = rms_norm(x, self.norm.weight, self.norm.eps, pdl=self.pdl)
-        w, layout = self._stored, self.int8_layout
+        w, layout = self._weight(x)
         if o["matmul"] == "torch":
             y = torch_linear(x, w, self.scale, out_dtype=self.out_dtype, int8_layout=layout)
         elif o["fuse_epilogue"]:
             return linear(x, w, self.scale, out_dtype=self.out_dtype, swiglu=swiglu, residual=residual,
-                          pdl=self.pdl, counters=self.counters, config=self._config(x, swiglu), int8_layout=layout)
+                          pdl=self.pdl, counters=self.counters, config=self._config(x, w, swiglu), int8_layout=layout)
         else:  # the fused call's tiles, so that the chain below gives its bits
-            config = self._config(x, swiglu) or rule_config(x, w, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
+            config = self._config(x, w, swiglu) or rule_config(x, w, self.scale, swiglu=swiglu,
+                                                               out_dtype=self.out_dtype)
             y = linear(x, w, self.scale, out_dtype=self.out_dtype, config=config, pdl=self.pdl,
                        counters=self.counters, int8_layout=layout)
         if swiglu:
