@@ -65,6 +65,14 @@ CHECKS = {
                            "--variant", "int8+options.triton.int8_layout=fragments",
                            "--variant", "int8+options.triton.int8_layout=fragments+options.triton.int8_convert=permute",
                            "--tokens", "1,16"])],
+    # issue 29's INT8 prefill through the BF16 GEMM (options.triton.int8_prefill_dequant): every Qwen3-4B decoder layer
+    # in bf16, int8 (W8A16) and int8d (dequantized, then the BF16 GEMM with the scales, timed as one call) at
+    # T = 256..4,096; then the 4B prefill in the engine, the option from 512 tokens against int8 and BF16
+    "int8_dequant": [(300, ["kernels", "linear", "--models", "Qwen3-4B", "--layers", "qkv,o_proj,gate_up,down",
+                            "--formats", "bf16,int8,int8d", "--tokens", "256,1024,4096", "--repeats", "10"]),
+                     (240, ["matrix", "--shape", "Qwen3-4B", "--variant", "int8",
+                            "--variant", "int8+options.triton.int8_prefill_dequant=512", "--variant", "default",
+                            "--workload", "prefill1024", "--workload", "prefill8192", "--no-peers"])],
     # issue 31's target: decoding under a JSON schema against unconstrained, plain and with n-gram drafts (random
     # weights with a stand-in tokenizer of Qwen3's size; then the shipped model, whose n-gram drafts are real)
     "json": [(300, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "ngram", "--workload",
@@ -90,7 +98,7 @@ CHECKS = {
                          "--prefill-tiles", "rule,128x128,128x128+tma,ws128x128", "--repeats", "20"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10, "json": 8, "close": 10}
+           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9}
 
 
 def step_argv(argv: list[str], extra: list[str]) -> list[str]:

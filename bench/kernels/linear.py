@@ -1,11 +1,13 @@
 """The Triton linear (backends/triton/linear.py) for both weight formats against cuBLAS at the Qwen3 layer shapes, on one GPU.
 
-    python -m bench kernels linear [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--formats bf16,int8,int8f]
+    python -m bench kernels linear [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--formats bf16,int8,...]
         [--layers qkv,...] [--sweep [--sweep-filter WORD]] [--eager] [--decode-step] [--repeats N] [--records FILE]
 
 Per layer (default). For each format (``bf16``: bf16 weights; ``int8``: random int8 rows over
 [-128, 127] with float32 row scales; ``int8f``: the same in the ``fragments`` layout,
-backends/triton/linear_layout.py, where the sweep has no warp-specialized tile), each layer's weight ([N, K], q/k/v and gate/up fused as the
+backends/triton/linear_layout.py, where the sweep has no warp-specialized tile; ``int8d``, T > 16
+only: int8 rows dequantized into a bf16 scratch, then the BF16 GEMM with the scales, timed as one
+call: ``options.triton.int8_prefill_dequant``), each layer's weight ([N, K], q/k/v and gate/up fused as the
 engine loads them) and each T: checks the Triton ``linear`` against the twin (backends/reference/
 linear.py) and prints the max error, then times, with bench/timing.py, a CUDA graph of one call per
 weight copy, rotating among enough copies (>= 256 MB in all) that no weight is in the 60 MB L2,
@@ -50,8 +52,8 @@ from ..timing import copy_bandwidth, graph_seconds, median_seconds
 from . import ROTATION_BYTES, common_arguments, gpu_visible, name_list
 from .linear_peers import gemlite_a16w8, gemlite_row
 
-FORMATS = ("bf16", "int8", "int8f")
-LAYOUT = {"bf16": "rows", "int8": "rows", "int8f": "fragments"}  # the int8 weight's layout of each format
+FORMATS = ("bf16", "int8", "int8f", "int8d")
+LAYOUT = {"bf16": "rows", "int8": "rows", "int8f": "fragments", "int8d": "rows"}  # the int8 weight's layout of each format
 LAYERS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 GEMLITE_TOKENS = (1, 16)  # the step sizes gemlite's A16W8 is timed at (decode, a 16-token verify step)
 # Persistent GEMM candidates for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, options);
@@ -88,7 +90,8 @@ def arguments(p) -> None:
     p.description, p.epilog = __doc__.split("\n\n")[0], __doc__.split("\n\n", 1)[1]
     common_arguments(p, None, "1,4,16,1024; with --decode-step 1,4,16")
     p.add_argument("--formats", type=name_list(FORMATS, "weight format"), default=list(FORMATS),
-                   help="weight formats: bf16, int8, int8f (int8 in the fragments layout; default all)")
+                   help="weight formats: bf16, int8, int8f (int8 in the fragments layout), int8d (int8 dequantized, "
+                   "then the BF16 GEMM; T > 16); default all")
     p.add_argument("--layers", type=name_list(LAYERS, "layer"), default=list(LAYERS),
                    help="comma-separated layers (default all: " + ",".join(LAYERS) + ")")
     p.add_argument("--sweep", action="store_true", help="also time alternative tiles (per-layer mode)")
@@ -135,6 +138,7 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = Fal
     from tileinfer.backends.triton.linear_tiles import (GEMM_TILES, GemmConfig, GemvConfig, gemm_config, gemv_config,
                                                         gemv_split_k, split_plan)
 
+    fmt = "bf16" if fmt == "int8d" else fmt  # the dequantized path runs the BF16 GEMM
     int8 = fmt != "bf16"
     if t > 16:
         rule = gemm_config(t, n, k, sms, int8=int8)
@@ -206,20 +210,24 @@ def print_best(rows: list[dict], best: int = 3) -> None:
 def layer_rows(args, run, fmt: str, model: str, layer: str, n: int, k: int, bandwidth: float, sms: int) -> None:
     """The records of one weight (every T, with and without SwiGLU) in ``fmt``."""
     from tileinfer.backends.reference.linear import linear as ref_linear
+    from tileinfer.backends.triton.int8_dequant import dequantize_int8
     from tileinfer.backends.triton.linear import linear, rule_config
     from tileinfer.backends.triton.linear_tiles import gemm_config
 
     int8, layout = fmt != "bf16", LAYOUT[fmt]
+    scratch = torch.empty(n, k, dtype=torch.bfloat16, device="cuda") if fmt == "int8d" else None
     copies = max(2, math.ceil(ROTATION_BYTES / (n * k * (1 if int8 else 2))))
     weights = [weight(fmt, n, k, seed) for seed in range(copies)]
     bf16 = [(as_bf16(w), None) for w in weights[:max(2, copies // (2 if int8 else 1))]]
     out_dtype = torch.float32 if layer == "lm_head" else torch.bfloat16
     peers: list | str | None = None
     for swiglu, name in [(False, layer)] + ([(True, "gate_up+swiglu")] if layer == "gate_up" else []):
-        for t in args.tokens:
+        for t in [t for t in args.tokens if scratch is None or t > 16]:
             x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16)
 
             def triton_fn(w, cfg=None, x=x, swiglu=swiglu):
+                if scratch is not None and w[1] is not None:  # int8d: the dequantization, then the BF16 GEMM
+                    w = (dequantize_int8(w[0], torch.bfloat16, out=scratch), w[1])
                 return linear(x, *w, out_dtype=out_dtype, swiglu=swiglu, config=cfg,
                               int8_layout=layout if w[1] is not None else "rows")
 
@@ -228,13 +236,14 @@ def layer_rows(args, run, fmt: str, model: str, layer: str, n: int, k: int, band
 
             expected = ref_linear(x, *weights[0], out_dtype=out_dtype, swiglu=swiglu, int8_layout=layout)
             err = (triton_fn(weights[0]).float() - expected.float()).abs().max().item()
-            cfg = rule_config(x, *weights[0], swiglu=swiglu, out_dtype=out_dtype)
+            cfg = rule_config(x, scratch if scratch is not None else weights[0][0], weights[0][1], swiglu=swiglu,
+                              out_dtype=out_dtype)
             us = {"triton_us": rotated_seconds(triton_fn, weights, args.repeats),
                   "cublas_us": rotated_seconds(cublas_fn, bf16, args.repeats),
                   "bf16_triton_us": rotated_seconds(triton_fn, bf16, args.repeats) if int8 else None,
                   "tiled_us": None, "triton_eager_us": None}
             if t > 16 and cfg.persistent:
-                tiled = gemm_config(t, n, k, sms, int8=int8, swiglu=swiglu)
+                tiled = gemm_config(t, n, k, sms, int8=int8 and scratch is None, swiglu=swiglu)
                 us["tiled_us"] = rotated_seconds(lambda w: triton_fn(w, tiled), weights, args.repeats)
             if args.eager:
                 us["triton_eager_us"] = median_seconds(lambda: [triton_fn(w) for w in weights], "cuda") / len(weights)

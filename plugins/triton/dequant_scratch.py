@@ -18,7 +18,11 @@ import torch
 
 
 class Scratch:
-    """One device's and dtype's buffer, shared by the layers that hold it."""
+    """One device's and dtype's buffer, shared by the layers that hold it. Slotted, no ``__dict__``:
+    ``tileinfer.memory.tensor_bytes`` (the engine's ``weight_bytes``) walks attributes and leaves the
+    scratch out; it is not a weight (:attr:`nbytes` says its size)."""
+
+    __slots__ = ("device", "dtype", "buffer", "used", "kept", "__weakref__")
 
     def __init__(self, device: torch.device, dtype: torch.dtype) -> None:
         self.device, self.dtype = device, dtype

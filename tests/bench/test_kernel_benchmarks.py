@@ -37,6 +37,15 @@ def test_every_small_op_of_the_triton_backend_is_a_case():
     assert set(kernels.OPS) == {"add", "rms_norm", "rope", "silu_mul", "kv_write", "attention_inputs", "int8_dequant"}
 
 
+def test_the_dequantized_format_sweeps_the_bf16_gemm_tiles():
+    """``int8d`` (int8 dequantized, then the BF16 GEMM) sweeps the BF16 GEMM's tiles, not the W8A16 ones."""
+    from bench.kernels import linear
+
+    bf16 = list(linear.sweep_configs(19456, 2560, 1024, 132, "bf16"))
+    assert list(linear.sweep_configs(19456, 2560, 1024, 132, "int8d")) == bf16
+    assert bf16 != list(linear.sweep_configs(19456, 2560, 1024, 132, "int8"))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["ops", "--models", "Qwen3-5B"], "unknown model 'Qwen3-5B'; valid: "),
     (["ops", "--op", "gelu"], "unknown op 'gelu'; valid: add, rms_norm"),

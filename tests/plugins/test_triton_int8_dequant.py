@@ -16,6 +16,7 @@ from tileinfer.backends.triton.linear import linear
 from tileinfer.backends.triton.rms_norm import rms_norm
 from tileinfer.errors import ConfigError
 from tileinfer.interfaces import RMSNorm
+from tileinfer.memory import tensor_bytes
 from tileinfer.plugins.triton.linear import TritonLinear
 from tileinfer.quantize import int8_of
 
@@ -81,6 +82,8 @@ def test_one_scratch_for_every_layer_sized_for_the_largest():
     small(torch.randn(20, 64, device=DEVICE, dtype=DTYPE))
     TritonLinear(torch.randn(160, 128, device=DEVICE, dtype=DTYPE), quantize="int8", options=on)
     assert big.scratch.buffer.numel() == 160 * 128 and big.scratch.kept == [buffer]  # used: kept for its graphs
+    assert tensor_bytes(big) == tensor_bytes(TritonLinear(torch.randn(96, 128, device=DEVICE, dtype=DTYPE),
+                                                          quantize="int8", options={"pdl": False}))  # not a weight
 
 
 def engine(folder, **triton):
