@@ -238,6 +238,7 @@ def tests_arguments(p) -> None:
     p.add_argument("paths", nargs="*", default=["tests"], help="test paths (default: tests)")
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--seconds", type=float, default=540)
+    p.add_argument("-k", dest="keyword", help="pytest's -k: only the tests whose names match this expression")
 
 
 def tests_main(args) -> int:
@@ -246,7 +247,7 @@ def tests_main(args) -> int:
 
     workers = ["-n", str(args.workers), "--dist", "load"] if importlib.util.find_spec("xdist") else []
     argv = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-m", "gpu", "--durations=15",
-            *workers, *args.paths]
+            *workers, *(["-k", args.keyword] if args.keyword else []), *args.paths]
     proc = subprocess.Popen(argv, cwd=ROOT)
     try:
         return proc.wait(timeout=args.seconds)

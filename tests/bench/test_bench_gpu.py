@@ -113,7 +113,20 @@ def test_gpu_tests_interrupts_pytest_at_its_seconds_and_still_names_the_failures
         "import time\nimport pytest\n\n\n@pytest.mark.gpu\ndef test_fails():\n    assert 1 == 2\n\n\n"
         "@pytest.mark.gpu\ndef test_sleeps():\n    time.sleep(60)\n")
     began = time.monotonic()
-    assert gpu.tests_main(Namespace(paths=[str(tmp_path / "test_slow.py")], workers=1, seconds=8)) == 124
+    assert gpu.tests_main(Namespace(paths=[str(tmp_path / "test_slow.py")], workers=1, seconds=8, keyword=None)) == 124
     assert time.monotonic() - began < 45
     out = capfd.readouterr().out
     assert "stopped after 8 s" in out and "test_fails" in out and "FAILED" in out
+
+
+def test_gpu_tests_runs_only_the_tests_that_k_selects(tmp_path, capfd):
+    from argparse import Namespace
+
+    (tmp_path / "test_pick.py").write_text(
+        "import pytest\n\n\n@pytest.mark.gpu\ndef test_fails():\n    assert 1 == 2\n\n\n"
+        "@pytest.mark.gpu\ndef test_passes():\n    pass\n")
+    args = Namespace(paths=[str(tmp_path / "test_pick.py")], workers=1, seconds=60)
+    assert gpu.tests_main(Namespace(**vars(args), keyword="passes")) == 0
+    out = capfd.readouterr().out
+    assert "test_pick.py::test_passes PASSED" in out and "test_fails" not in out
+    assert gpu.tests_main(Namespace(**vars(args), keyword=None)) == 1
