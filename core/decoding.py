@@ -134,7 +134,7 @@ class Decoder:
         ``logit_bias``: the sampler adds a bias to the logits (``tileinfer.logit_bias``), which the
         device loop does not. ``grammar`` (``tileinfer.grammar_mask.Matcher``): each step's tokens
         are masked by it and it is advanced by the committed ones (the host reads each step before
-        the next); the first token it rejects ends the generation before it (``grammar_end``).
+        it samples the next); the first token it rejects ends the generation before it (``grammar_end``).
         ``cache_salt``: the prefix cache serves this prompt only what a generation with the same
         salt left (``tileinfer.prefix_cache``)."""
         assert max_new >= 1

@@ -53,7 +53,7 @@ class SamplingStep:
     (prompt, reply and one verify step's drafts); ``logprobs``: top tokens per position, or None;
     ``grammar``: the generation's ``tileinfer.grammar_mask.Matcher`` (None: no constraint), whose
     mask is applied to the logits before the sampler sees them and which ``advance`` moves on by
-    the committed tokens (the host reads each step before the next)."""
+    the committed tokens (the host reads each step before it samples the next)."""
 
     def __init__(self, sampler: Sampler, prompt: Sequence[int], capacity: int, logprobs: int | None = None,
                  grammar: Matcher | None = None) -> None:
