@@ -118,9 +118,8 @@ def gemm_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, ou
                 dot_f32: bool, frag: bool = False) -> KernelLaunch:
     """The GEMM of ``linear`` (T > 16) on checked arguments: the launch of ``_gemm_kernel`` with the
     non-persistent ``cfg``. ``scale``: the row scales of an int8 ``w``, or of one in x's dtype (None:
-``w`` in x's dtype, unscaled);
-    ``i_off``: the first up row of a SwiGLU weight (else 0); ``dot_f32``: float32 dot operands (the
-    interpreter); ``frag``: the int8 weight in the ``fragments`` layout."""
+    ``w`` in x's dtype, unscaled); ``i_off``: the first up row of a SwiGLU weight (else 0); ``dot_f32``:
+    float32 dot operands (the interpreter); ``frag``: the int8 weight in the ``fragments`` layout."""
     assert not cfg.persistent, f"the persistent kernel launches through linear_gemm_persistent.py: {cfg}"
     M, K = x.shape
     r = residual if residual is not None else out

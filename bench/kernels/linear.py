@@ -53,7 +53,8 @@ from . import ROTATION_BYTES, common_arguments, gpu_visible, name_list
 from .linear_peers import gemlite_a16w8, gemlite_row
 
 FORMATS = ("bf16", "int8", "int8f", "int8d")
-LAYOUT = {"bf16": "rows", "int8": "rows", "int8f": "fragments", "int8d": "rows"}  # the int8 weight's layout of each format
+# the int8 weight's layout of each format
+LAYOUT = {"bf16": "rows", "int8": "rows", "int8f": "fragments", "int8d": "rows"}
 LAYERS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 GEMLITE_TOKENS = (1, 16)  # the step sizes gemlite's A16W8 is timed at (decode, a 16-token verify step)
 # Persistent GEMM candidates for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, options);

@@ -122,7 +122,7 @@ class TritonLinear(Linear):
     def _weight(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
         """The weight this call's GEMM reads and its int8 layout: the stored one, or from
         ``dequant_from`` tokens on its values written into the scratch (model dtype, rows)."""
-        if not self.dequant_from or x.shape[0] < self.dequant_from or self.options["matmul"] == "torch":
+        if not self.dequant_from or x.shape[0] < self.dequant_from:
             return self._stored, self.int8_layout
         rows, cols = self._stored.shape
         values = dequantize_int8(self._stored, x.dtype, out=self.scratch.view(rows, cols),
