@@ -45,8 +45,9 @@ from pathlib import Path
 
 import torch
 
-from tileinfer.interfaces import ForwardPass
+from tileinfer.interfaces import ForwardPass, SamplingParams
 
+from .timing import cold_salt
 from .workloads import EngineRunner, Workload, free_memory, random_prompt
 
 PEERS = ("hf-sdpa", "hf-static-compile", "engine-compiled", "engine-compiled-int8", "hf-torchao-int8")
@@ -247,7 +248,9 @@ class TileinferCPU:
                                                    repetition_penalty=1.0, progress=False)  # plain greedy
 
     def prefill_ms(self, ids: list[int]) -> float:
-        return self.engine.generate(ids, max_new_tokens=1, ignore_eos=True).stats.prefill_ms
+        """A cold prefill (a new cache_salt: the prefix cache serves it nothing)."""
+        params = SamplingParams(max_tokens=1, ignore_eos=True, cache_salt=cold_salt())
+        return self.engine.generate(ids, params).stats.prefill_ms
 
     def decode_tok_s(self, ids: list[int], new: int) -> float:
         return self.engine.generate(ids, max_new_tokens=new, ignore_eos=True).stats.decode_tok_s

@@ -5,7 +5,8 @@ client reads them) against the same engine called directly (``Engine.stream``: w
 
 One engine is built; the app (``tileinfer.server.create_app``) is served by uvicorn in a thread on a
 free localhost port. For each prompt and repeat, the direct call and the HTTP request alternate,
-both plain greedy (``temperature=0``, no penalty, the model's EOS, ``--new-tokens`` at most), after
+both plain greedy (``temperature=0``, no penalty, the model's EOS, ``--new-tokens`` at most) and
+cold (each with a new ``cache_salt``: the prefix cache serves neither the other's prompt), after
 one warm-up of each. Times are taken where a user sees them: from the call (the request sent) to
 the first chunk that carries tokens (TTFT) and to the last; decode tok/s is the tokens after the
 first over that span. The replies must be the same text on both paths (a mismatch makes the exit
@@ -24,6 +25,7 @@ examples:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -39,6 +41,7 @@ from tileinfer.interfaces import SamplingParams
 from tileinfer.models import prompts as prompts_mod
 
 from . import records
+from .timing import cold_salt
 
 GREEDY = SamplingParams(temperature=0.0, repetition_penalty=1.0)
 
@@ -87,7 +90,8 @@ def timing(start: float, arrivals: list[tuple[float, int]]) -> dict:
 def direct(engine, prompt: str, new: int) -> tuple[dict, str]:
     start = time.perf_counter()
     arrivals, text = [], []
-    for chunk in engine.stream(prompt, max_new_tokens=new, sampling=GREEDY):
+    params = dataclasses.replace(GREEDY, max_tokens=new, cache_salt=cold_salt())
+    for chunk in engine.stream(prompt, params):
         if chunk.token_ids:
             arrivals.append((time.perf_counter(), len(chunk.token_ids)))
         text.append(chunk.text or "")
@@ -97,7 +101,7 @@ def direct(engine, prompt: str, new: int) -> tuple[dict, str]:
 def served(client, url: str, prompt: str, new: int) -> tuple[dict, str]:
     """A streamed /v1/completions request; tokens counted by the chunks' text and the usage."""
     body = {"prompt": prompt, "max_tokens": new, "temperature": 0, "repetition_penalty": 1.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, "cache_salt": cold_salt()}
     start = time.perf_counter()
     times, text, usage = [], [], None
     with client.stream("POST", f"{url}/v1/completions", json=body) as r:
@@ -111,6 +115,8 @@ def served(client, url: str, prompt: str, new: int) -> tuple[dict, str]:
             elif event["choices"] and event["choices"][0]["text"]:
                 times.append(time.perf_counter())
                 text.append(event["choices"][0]["text"])
+    if (usage.get("prompt_tokens_details") or {}).get("cached_tokens"):
+        raise RuntimeError("a cold request reused cached prompt tokens")
     tokens = usage["completion_tokens"]
     # each text chunk is one step's token(s); the held-back bytes of a character arrive with the next
     arrivals = [(t, 1) for t in times[:-1]] + [(times[-1], tokens - len(times) + 1)]

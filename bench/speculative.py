@@ -37,10 +37,12 @@ from tqdm.auto import tqdm
 
 import tileinfer
 from tileinfer.errors import TileinferError
+from tileinfer.interfaces import SamplingParams
 from tileinfer.models import prompts as prompts_mod
 from tileinfer.tokenizer import Tokenizer
 
 from . import records
+from .timing import cold_salt
 from .workloads import NoticeLog
 
 SHIPPED = Path(prompts_mod.__file__).resolve().parent
@@ -103,8 +105,15 @@ def check(args) -> str | None:
 
 
 def run(engine, ids: list[int], new_tokens: int, repeats: int) -> dict:
-    engine.generate(ids, max_new_tokens=min(WARM_UP_TOKENS, new_tokens))
-    runs = [engine.generate(ids, max_new_tokens=new_tokens) for _ in range(repeats)]
+    """The prompt ``ids`` generated ``repeats`` times after a warm-up, each a cold prefill (a new
+    ``cache_salt``: its time to first token is not a prefix-cache hit's)."""
+    def generate(new: int):
+        return engine.generate(ids, SamplingParams(max_tokens=new, cache_salt=cold_salt()))
+
+    generate(min(WARM_UP_TOKENS, new_tokens))
+    runs = [generate(new_tokens) for _ in range(repeats)]
+    if any(r.stats.cached_tokens for r in runs):
+        raise RuntimeError("a cold prefill reused cached tokens")
     if any(r.token_ids != runs[0].token_ids for r in runs):
         raise RuntimeError("generation is not deterministic across repeats (greedy, or sampled with one seed)")
     s = runs[0].stats

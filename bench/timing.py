@@ -9,6 +9,9 @@ on a CPU; and the machine's limits, measured in the same run as the figures they
 - ``repeat(sample, seconds)``: a sampler that returns its own figure (tok/s, ms), called until a
   time budget is spent (at least once): for whole generations, which time themselves.
 - ``host_seconds(fn)``: the host's wall time per call of ``fn`` (launch overhead), synchronized.
+- ``cold_salt()``: a ``cache_salt`` no generation of this process used before: a generation given it
+  prefills its whole prompt (the prefix cache serves a prompt only what the same salt left), so that
+  a time to first token of a repeated prompt is a cold prefill's, not a prefix-cache hit's.
 - ``measure_limits(device)``: the copy bandwidth (``dst.copy_(src)`` of a large buffer, bytes read +
   written over the median time) and the matmul peak (a square matmul of random data in the dtype the
   engine runs there: BF16 8192^3 on a GPU, float32 512^3 on a CPU, whose BF16 matmul is far slower
@@ -17,6 +20,7 @@ on a CPU; and the machine's limits, measured in the same run as the figures they
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -67,6 +71,14 @@ def graph_seconds(fn: Callable[[], object], repeats: int = 50, warmup: int = 5, 
     of the op one ``fn()`` makes (e.g. over rotating weight copies, so that each reads a weight not
     in L2), the result is per call."""
     return median_seconds(capture_graph(fn), "cuda", repeats, warmup) / calls
+
+
+_COLD = itertools.count()
+
+
+def cold_salt() -> str:
+    """A ``SamplingParams.cache_salt`` not used before in this process (a cold prefill)."""
+    return f"bench-cold-{next(_COLD)}"
 
 
 def host_seconds(fn: Callable[[], object], calls: int = 100) -> float:

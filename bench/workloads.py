@@ -16,7 +16,9 @@ records the variant as skipped with that reason.
 Workloads (``workloads()``):
 
 - ``prefill1024``: one synchronized prefill of a 1,024-token random prompt (prompt in, first
-  token out): ``engine.generate(prompt, max_new_tokens=1).stats.prefill_ms``, in ms;
+  token out): ``engine.generate(prompt, max_new_tokens=1).stats.prefill_ms``, in ms, cold: each
+  sample with a new ``cache_salt`` (``timing.cold_salt``), so that the prefix cache serves it
+  nothing (a sample that reused a token is an error);
 - ``prefill8192``, ``prefill32768``: the same (time to first token) for 8,192- and 32,768-token
   prompts, in chunks of ``prefill_chunk``; not in the default matrix (``NAMES``, what a run takes
   unless told otherwise; ``ALL_NAMES`` holds every name). Like every prefill row, also given as
@@ -60,7 +62,7 @@ import torch
 import tileinfer
 from tileinfer.config import Config, load_config, resolve_config
 
-from .timing import repeat
+from .timing import cold_salt, repeat
 
 
 EAGER = ["eager"]  # configs/eager.yaml: cuda_graphs=false, pipelined=false
@@ -257,7 +259,14 @@ class EngineRunner:
 
             return follow_up
         if workload.kind == "prefill":
-            return lambda: engine.generate(prompt, max_new_tokens=1, ignore_eos=True).stats.prefill_ms
+            def cold() -> float:
+                stats = engine.generate(prompt, tileinfer.SamplingParams(max_tokens=1, ignore_eos=True,
+                                                                         cache_salt=cold_salt())).stats
+                if stats.cached_tokens:
+                    raise RuntimeError(f"a cold prefill reused {stats.cached_tokens} cached tokens")
+                return stats.prefill_ms
+
+            return cold
         # Benchmarks decode the full count: a random prompt on a real model may reach an EOS early.
         if workload.schema:
             params = tileinfer.SamplingParams(max_tokens=workload.new_tokens, ignore_eos=True,

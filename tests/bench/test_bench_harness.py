@@ -120,6 +120,39 @@ def test_the_follow_up_turn_prefills_only_its_new_tokens(tiny_checkpoint):
         peers.HFRunner.sample(None, w)
 
 
+def test_every_time_to_first_token_the_bench_reports_is_a_cold_prefill(tiny_checkpoint):
+    """The engine keeps what a generation leaves for the next prompt that starts with it (prefix
+    reuse): a repeated prompt is served from the cache. The prefill rows, the spec bench's and the
+    server bench's direct path each run a cold prefill (cached_tokens 0), every repeat."""
+    from bench import server, speculative
+    from bench.workloads import random_prompt
+
+    w = workloads(short=True)["prefill1024"]
+    runner = EngineRunner(tiny_checkpoint, [], ["kv_page_size=16"], w.positions())
+    engine, seen = runner.engine, []
+    real_stream = engine._stream
+
+    def spy(ids, params):
+        for chunk in real_stream(ids, params):
+            if chunk.stats is not None:
+                seen.append(chunk.stats.cached_tokens)
+            yield chunk
+
+    try:
+        prompt = random_prompt(w.prompt_tokens, engine.model_config.vocab_size)
+        engine.generate(prompt, max_new_tokens=1, ignore_eos=True)
+        assert engine.generate(prompt, max_new_tokens=1, ignore_eos=True).stats.cached_tokens == len(prompt) - 1
+        engine._stream = spy
+        sample = runner.sample(w)
+        assert sample() > 0 and sample() > 0
+        speculative.run(engine, prompt, 2, 2)
+        server.direct(engine, "def f(x):", 2)
+        server.direct(engine, "def f(x):", 2)
+        assert seen == [0] * 7
+    finally:
+        runner.close()
+
+
 def test_every_command_has_a_truthful_help(capsys):
     """``python -m bench COMMAND --help`` of each command builds its parser (the kernels' subcommands too)."""
     for command in COMMANDS:
