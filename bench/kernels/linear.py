@@ -64,16 +64,15 @@ PERSISTENT_TILES = {
              (128, 128, 64, 8, 4, "tma flatten"), (128, 128, 64, 8, 3, ""), (128, 128, 64, 8, 3, "tma split"),
              (128, 256, 64, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma flatten"), (128, 256, 64, 8, 3, "tma split"),
              (128, 128, 128, 8, 3, "tma"), (128, 128, 64, 4, 4, "tma"), (128, 64, 64, 4, 4, "tma split"),
-             (64, 128, 64, 4, 4, "tma split"), (128, 128, 64, 4, 3, "tma ws"), (128, 128, 64, 4, 4, "tma ws"),
-             (128, 256, 64, 4, 3, "tma ws"), (128, 256, 64, 4, 4, "tma ws")],
+             (64, 128, 64, 4, 4, "tma split")],
     # int8 transposed (swap_ab) but the split tail, which GemmConfig allows only untransposed
     "int8": [(128, 128, 64, 8, 3, "tma swap"), (128, 128, 128, 8, 3, "tma swap"), (128, 64, 128, 4, 3, "tma swap"),
              (128, 128, 64, 8, 3, "tma flatten swap"), (128, 128, 64, 8, 3, "swap"), (128, 256, 64, 8, 3, "tma"),
              (128, 256, 64, 8, 3, "tma flatten"), (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split"),
-             (128, 128, 64, 4, 3, "tma swap ws"), (128, 128, 64, 4, 4, "tma swap ws"),
-             (128, 128, 128, 4, 3, "tma swap ws"), (128, 128, 64, 4, 3, "tma ws")],
+             (128, 128, 128, 8, 4, "tma swap"), (128, 256, 128, 8, 3, "tma swap"), (128, 128, 128, 4, 3, "tma swap"),
+             (64, 128, 128, 4, 3, "tma swap")],
 }
-PERSISTENT_TILES["int8f"] = [c for c in PERSISTENT_TILES["int8"] if "ws" not in c[5]]  # ws does not build with it
+PERSISTENT_TILES["int8f"] = PERSISTENT_TILES["int8"]
 GEMV_TILES = {  # (BLOCK_N, BLOCK_K, num_warps, num_stages) swept at T = 1 and at T = 2..16
     (1, "bf16"): [(16, 512, 4, 1), (8, 512, 4, 1), (8, 512, 2, 1), (4, 512, 2, 1), (4, 512, 1, 1), (16, 256, 4, 1),
                   (8, 256, 2, 1), (8, 1024, 4, 1), (16, 1024, 8, 1), (4, 1024, 4, 1)],
@@ -149,10 +148,7 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = Fal
         for bm, bn, bk, w, s, _ in GEMM_TILES["int8" if int8 else "none"][:2]:
             yield GemmConfig(bm, bn, bk, 8, w, s, swap_ab=int8)
         for bm, bn, bk, w, s, options in PERSISTENT_TILES[fmt]:
-            if swiglu and "ws" in options:
-                continue
-            opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, swap_ab="swap" in options,
-                        warp_specialize="ws" in options)
+            opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, swap_ab="swap" in options)
             if "split" in options:
                 rows, splits = split_plan(t, n, k, bm, bn, bk, sms)
                 if rows == 0:
