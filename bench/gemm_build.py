@@ -162,7 +162,7 @@ def main(args) -> int:
     run.add("gemm_build", **result)
     c = result["config"]
     tiles = f"{c['block_m']}x{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']}" + "".join(
-        f" {k}" for k in ("persistent", "tma", "flatten", "swap_ab", "warp_specialize") if c[k])
+        f" {k}" for k in ("persistent", "tma", "flatten", "swap_ab") if c[k])
     fmt = f"int8 ({args.int8_layout})" if result["int8"] else "bf16"
     print(f"{result['shape']} {result['layer']} T={result['T']} {fmt} weights, "
           f"{result['kernel']} {tiles}: {result['registers']} registers, spills {result['spill_stores']} / "

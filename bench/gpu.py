@@ -31,12 +31,13 @@ CHECKS = {
                     "draft@7", "--loop", "dflash@7"])],
     "gemv": [(200, ["kernels", "linear", "--sweep", "--tokens", "1,2,16", "--repeats", "20"]),
              (120, ["kernels", "paged_attention", "--kv", "bf16,int8", "--contexts", "8192,32768"])],
-    # the warp-specialized candidates against the rule, the tiled rule and cuBLAS at T = 128..32k; then every
-    # persistent W8A16 candidate at T = 1,024 (none was timed before)
-    "gemm": [(330, ["kernels", "linear", "--sweep", "--sweep-filter", "ws", "--models", "Qwen3-4B", "--layers",
-                    "qkv,o_proj,gate_up,down", "--tokens", "128,1024,4096,32768", "--repeats", "10"]),
+    # the persistent TMA candidates of both formats against the rule, the tiled rule and cuBLAS at T = 128..32k
+    # (every Qwen3-4B linear); then every persistent W8A16 candidate at T = 1,024 and 4,096
+    "gemm": [(330, ["kernels", "linear", "--sweep", "--sweep-filter", "tma", "--models", "Qwen3-4B", "--formats",
+                    "bf16", "--layers", "qkv,o_proj,gate_up,down", "--tokens", "128,1024,4096,32768", "--repeats",
+                    "10"]),
              (210, ["kernels", "linear", "--sweep", "--sweep-filter", "persistent", "--models", "Qwen3-4B",
-                    "--formats", "int8", "--tokens", "1024", "--repeats", "10"])],
+                    "--formats", "int8", "--tokens", "1024,4096", "--repeats", "10"])],
     "spec": [(330, ["spec", "--device", "cuda", "--new-tokens", "256", "--repeats", "3", *SPEC_K]),
              (90, ["steps", "--model", "models/target", "--contexts", "1024", "--repeats", "40", *LOOPS]),
              (150, ["dflash-step"])],

@@ -16,12 +16,6 @@ accumulates in float32 and applies the row scales in the epilogue; ``swap_ab`` c
 transposed (``q x^T``) as linear_gemm.py does. ``SCALED``: the row scales, of an int8 weight or of a
 model-dtype one (int8_dequant.py's values: the W8A16 arithmetic on the model-dtype tiles).
 
-Warp specialization (``warp_specialize``, with TMA, 4 warps): Triton's Hopper pass splits the K
-loop into a producer warp group (40 registers) that issues the TMA loads into the stages and two
-consumer warp groups (120 registers; each the MMAs, and for int8 the conversion, of half the
-tile's rows, then the epilogue), synchronized by mbarriers: 12 warps a program. The same sums in
-the same order: the same bits.
-
 Fusions. SwiGLU: a program computes the gate tile (weight rows n) and then the up tile (rows
 ``I_OFF + n``) of the same output tile one after the other with the plain tile's code, keeping the
 rounded gate tile in registers, so that it holds one accumulator (the plain kernel's registers)
@@ -80,10 +74,9 @@ def _swizzled(tile, rows, num_pid_n, GROUP_M: tl.constexpr):
 def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, stride_wn,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
               EVEN_K: tl.constexpr, INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr,
-              TMA: tl.constexpr, WS: tl.constexpr, FRAG: tl.constexpr):
+              TMA: tl.constexpr, FRAG: tl.constexpr):
     """float32 sums over the K chunks [kb_lo, kb_hi) of x rows ``m0..`` times weight rows ``w_off +
-    (n0.. mod N)``: ``[BLOCK_M, BLOCK_N]``, or ``[BLOCK_N, BLOCK_M]`` with SWAP_AB. WS: the loop
-    warp-specialized (loads and MMAs in partitions of their own)."""
+    (n0.. mod N)``: ``[BLOCK_M, BLOCK_N]``, or ``[BLOCK_N, BLOCK_M]`` with SWAP_AB."""
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -94,7 +87,7 @@ def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, str
         rows_w = ((n0 + tl.arange(0, BLOCK_N)) % N + w_off).to(tl.int64)
         a_ptrs = x_ptr + rows_m[:, None] * stride_xm + offs_k[None, :]
         b_ptrs = w_ptr + rows_w[:, None] * stride_wn + offs_k[None, :]
-    for kb in tl.range(kb_lo, kb_hi, warp_specialize=WS):
+    for kb in tl.range(kb_lo, kb_hi):
         k0 = kb * BLOCK_K
         if TMA:
             a = x_ptr.load([m0, k0])
@@ -128,7 +121,7 @@ def _gemm_persistent_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SWIGLU: tl.constexpr, DOT_F32: tl.constexpr, EVEN_K: tl.constexpr, RESIDUAL: tl.constexpr,
     INT8: tl.constexpr, BITS: tl.constexpr, SWAP_AB: tl.constexpr, TMA: tl.constexpr,
-    FLATTEN: tl.constexpr, SPLIT: tl.constexpr, SPLITS: tl.constexpr, WS: tl.constexpr, FRAG: tl.constexpr,
+    FLATTEN: tl.constexpr, SPLIT: tl.constexpr, SPLITS: tl.constexpr, FRAG: tl.constexpr,
     SCALED: tl.constexpr,
 ):
     """y = x w^T (W8A16: ``(x q^T) * scale``) on N output columns (I when SWIGLU: gate rows n, up
@@ -169,7 +162,7 @@ def _gemm_persistent_kernel(
             kb_hi = tl.where(is_dp, k_tiles, tl.minimum(kb_lo + KB_PER_SPLIT, k_tiles))
         w_off = half * I_OFF
         acc = _tile_sum(x_ptr, w_ptr, M, N, K, pid_m * BLOCK_M, pid_n * BLOCK_N, w_off, kb_lo, kb_hi, stride_xm,
-                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32, EVEN_K, INT8, BITS, SWAP_AB, TMA, WS, FRAG)
+                        stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_F32, EVEN_K, INT8, BITS, SWAP_AB, TMA, FRAG)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if SCALED:
@@ -258,10 +251,6 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
             f"the split tail needs {band_tiles} int32 counters on {x.device}, got {counters.numel()} {counters.dtype}")
         counts = counters
     tma = cfg.tma and tma_ok(x, w)
-    # Triton 3.6's Hopper warp specialization builds an empty kernel (one EXIT) of the SwiGLU form
-    assert not (cfg.warp_specialize and swiglu), f"warp_specialize is not for the fused SwiGLU: {cfg}"
-    # and fails (its data partition meets the reshape and permute) on a weight tile put back in column order
-    assert not (cfg.warp_specialize and frag), f"warp_specialize does not build with int8_layout='fragments': {cfg}"
     x_arg = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk]) if tma else x
     w_arg = TensorDescriptor(w, [n_w, K], [w.stride(0), 1], [bn, bk]) if tma else w
     int8 = w.dtype == torch.int8
@@ -272,7 +261,7 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.group_m, SWIGLU=swiglu, DOT_F32=dot_f32,
         EVEN_K=K % bk == 0, RESIDUAL=residual is not None, INT8=int8, BITS=INT8_CONVERTS[cfg.int8_convert],
         SWAP_AB=cfg.swap_ab, TMA=tma, FLATTEN=cfg.flatten, SPLIT=split_rows > 0, SPLITS=splits,
-        WS=cfg.warp_specialize and tma, FRAG=frag, SCALED=scale is not None, num_warps=cfg.num_warps,
+        FRAG=frag, SCALED=scale is not None, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, enable_fp_fusion=True))
 
 

@@ -51,10 +51,7 @@ class GemmConfig:
     (``persistent``) and its options: ``tma`` (x and weight tiles through TMA descriptors where the
     tensors allow them), ``flatten`` (``tl.range``'s, on the tile loop: the next tile's loads may be
     issued during this one's epilogue), ``split_rows`` / ``split_k`` (the last row blocks computed
-    in ranges of K; :func:`split_plan` is the rule), ``programs`` (the grid; 0: one per SM) and
-    ``warp_specialize`` (the K loop split by Triton's Hopper pass into a TMA producer warp group and
-    two consumer warp groups of the MMAs, each half the tile's rows: 12 warps launched for
-    ``num_warps`` 4; not for the fused SwiGLU, whose kernel the pass empties)."""
+    in ranges of K; :func:`split_plan` is the rule), and ``programs`` (the grid; 0: one per SM)."""
 
     block_m: int
     block_n: int
@@ -70,12 +67,11 @@ class GemmConfig:
     split_rows: int = 0
     split_k: int = 1
     programs: int = 0
-    warp_specialize: bool = False
 
     def __post_init__(self):
         assert self.int8_convert in INT8_CONVERTS, f"int8_convert is one of {', '.join(INT8_CONVERTS)}: {self}"
         options = dict(tma=self.tma, flatten=self.flatten, split_rows=self.split_rows, split_k=self.split_k != 1,
-                       programs=self.programs, warp_specialize=self.warp_specialize)
+                       programs=self.programs)
         set_without = [k for k, v in options.items() if v and not self.persistent]
         assert not set_without, f"{', '.join(set_without)} need persistent=True: {self}"
         assert self.split_rows >= 0 and self.split_k >= 1 and self.programs >= 0, f"bad split or programs: {self}"
@@ -85,12 +81,6 @@ class GemmConfig:
         # apart at the Qwen3 shapes) where the interpreter agrees with the twin; the measurement is in
         # docs/performance-log.md.
         assert not (self.swap_ab and self.split_rows), f"swap_ab and split_rows exclude each other: {self}"
-        # Triton 3.6's Hopper pass: 8 warps, or a flattened tile loop, or the split tail's branches build the
-        # plain loop without a word; pointer loads fail its lowering (the launch drops the flag where the
-        # tensors refuse TMA descriptors)
-        ws = self.warp_specialize
-        assert not ws or (self.num_warps == 4 and self.tma and not self.flatten and not self.split_rows), (
-            f"warp_specialize takes num_warps 4 and tma, without flatten and split_rows: {self}")
 
 
 # -- the GEMV (T <= 16) --------------------------------------------------------------------------------

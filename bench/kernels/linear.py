@@ -5,7 +5,7 @@
 
 Per layer (default). For each format (``bf16``: bf16 weights; ``int8``: random int8 rows over
 [-128, 127] with float32 row scales; ``int8f``: the same in the ``fragments`` layout,
-backends/triton/linear_layout.py, where the sweep has no warp-specialized tile; ``int8d``, T > 16
+backends/triton/linear_layout.py; ``int8d``, T > 16
 only: int8 rows dequantized into a bf16 scratch, then the BF16 GEMM with the scales, timed as one
 call: ``options.triton.int8_prefill_dequant``), each layer's weight ([N, K], q/k/v and gate/up fused as the
 engine loads them) and each T: checks the Triton ``linear`` against the twin (backends/reference/
@@ -19,8 +19,7 @@ the persistent kernel): the comparison that re-times the prefill rule (``--token
 Columns: those times, GB/s (weight + scales + activation + output bytes over time), that as a
 fraction of the copy bandwidth (measured in the same run), TFLOP/s at T > 16. ``--sweep`` also times
 other tiles per shape (``sweep_configs``: GEMV tiles, split-K with and without the fused reduce,
-the GEMM's tiles, the persistent kernel's with TMA, flattened loops, split tails and warp-specialized
-loops (``ws``, not with SwiGLU); for int8 the rule's tile with Triton's plain cast and with the
+the GEMM's tiles, the persistent kernel's with TMA, flattened loops and split tails; for int8 the rule's tile with Triton's plain cast and with the
 byte-permute conversion, ``int8_convert`` ``cast`` / ``permute``), each with its max error against the
 twin; ``--sweep-filter WORD`` keeps the swept configs whose description (as printed) holds WORD.
 A kernel-level peer at T = 1 and 16 for int8: gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
@@ -134,7 +133,7 @@ def rotated_seconds(fn, weights, repeats: int) -> float:
 
 def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = False):
     """The configs ``--sweep`` times for an ``[n, k]`` weight at T = ``t`` (see the module docstring;
-    ``swiglu``: for the fused SwiGLU call, without the warp-specialized ones)."""
+    ``swiglu``: for the fused SwiGLU call)."""
     from tileinfer.backends.triton.linear_tiles import (GEMM_TILES, GemmConfig, GemvConfig, gemm_config, gemv_config,
                                                         gemv_split_k, split_plan)
 
@@ -187,7 +186,7 @@ def describe(c: dict) -> str:
     name = "x".join(str(c[f]) for f in (("block_m", "block_n", "block_k") if "block_m" in c else ("block_n", "block_k")))
     name += f" w{c['num_warps']} s{c['num_stages']}" + "".join(
         f" {f}" for f in ("persistent", "tma", "flatten", "swap_ab", "fused_reduce") if c.get(f))
-    name += " ws" if c.get("warp_specialize") else ""
+    name += " ws" if c.get("warp_specialize") else ""  # in records: the warp-specialized tiles that faulted
     name += f" split{c['split_k']}" if c.get("split_k", 1) > 1 and "block_m" not in c else ""
     name += f" tail {c['split_rows']}x{c['split_k']}" if c.get("split_rows") else ""
     convert = c.get("int8_convert", "bits" if c.get("bit_convert", True) else "cast")  # or a record's bit_convert

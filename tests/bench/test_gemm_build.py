@@ -1,13 +1,11 @@
 """``python -m bench gemm-build`` and bench/sm90_build.py on the CPU: the prefill GEMM compiled for
 sm_90 as ``linear`` launches it (no GPU), its record, and what the SASS shows.
 
-- Every warp-specialized candidate of the sweep (bench/kernels/linear.py's PERSISTENT_TILES with
-  ``ws``) at Qwen3-4B's down (residual) and qkv (plain) layers, both formats: really
-  warp-specialized (12 warps launched for 4, the IR's ``ttg.warp_specialize``: Triton 3.6 builds
-  the plain loop without a word where the pass does not apply), two consumer loops of MMAs
-  (int8 transposed: their A operand read from registers; BF16: both from shared memory), a producer
-  loop of TMA loads, no spills, shared memory within an H100's. The same tile without the flag is
-  reported as not specialized (so that the check can fail).
+- Persistent TMA candidates of the sweep (bench/kernels/linear.py's PERSISTENT_TILES) at Qwen3-4B's
+  down (residual) and qkv (plain) layers, both formats: one main loop of MMAs (int8 transposed:
+  their A operand read from registers; BF16: both from shared memory) fed by TMA copies, no
+  spills, shared memory within an H100's, not warp-specialized (the warps launched are those
+  asked for).
 - The tool's record (kind ``gemm_build``) holds the figures it prints.
 
 The builds run in a subprocess: this session imported the kernels under TRITON_INTERPRET=1."""
@@ -30,15 +28,13 @@ from bench.gemm_build import compile_gemm
 from bench.kernels.linear import PERSISTENT_TILES
 
 out = []
-for fmt in ("bf16", "int8"):
-    for bm, bn, bk, warps, stages, options in PERSISTENT_TILES[fmt]:
-        if "ws" not in options:
-            continue
-        for layer in ("down", "qkv"):
-            cfg = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, persistent=True,
-                       tma=True, flatten=False, swap_ab="swap" in options, warp_specialize=True)
-            out.append(compile_gemm("Qwen3-4B", layer, 1024, int8=fmt == "int8", **cfg))
-out.append(compile_gemm("Qwen3-4B", "down", 1024, block_n=128, num_warps=4, num_stages=3, flatten=False))
+for fmt, tile in (("bf16", (128, 256, 64, 8, 3, "tma")), ("int8", (128, 128, 128, 8, 3, "tma swap"))):
+    assert tile in PERSISTENT_TILES[fmt], tile
+    bm, bn, bk, warps, stages, options = tile
+    for layer in ("down", "qkv"):
+        cfg = dict(block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, persistent=True,
+                   tma=True, flatten=False, swap_ab="swap" in options)
+        out.append(compile_gemm("Qwen3-4B", layer, 1024, int8=fmt == "int8", **cfg))
 print(json.dumps(out))
 '''.replace("ROOT", repr(str(ROOT)))
 
@@ -57,22 +53,17 @@ def builds(tmp_path_factory) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_warp_specialized_candidates_are_built_warp_specialized(builds):
+def test_persistent_tma_candidates_build_one_mma_loop_fed_by_tma(builds):
     from tileinfer.backends.triton.linear_tiles import SMEM_BYTES
 
-    *specialized, plain = builds
-    assert len(specialized) == 16
-    for b in specialized:
-        assert b["warp_specialized"] and b["requested_warps"] == 4 and b["warps"] == 12, b
+    assert len(builds) == 4
+    for b in builds:
+        assert not b["warp_specialized"] and b["warps"] == b["requested_warps"] == 8, b
         assert b["spill_stores"] == 0 and b["shared_bytes"] <= SMEM_BYTES, b
-        assert len(b["main_loops"]) == 2, b  # the two consumer warp groups
+        (loop,) = b["main_loops"]
         operand = "registers" if b["config"]["swap_ab"] else "shared"
-        for loop in b["main_loops"]:
-            assert loop["hgmma"] and all(k.endswith(f"A={operand}") for k in loop["hgmma"]), loop
-            assert not loop["groups"]["copies"], loop  # the loads are the producer's
-        assert [p for p in b["producer_loops"] if any(op.startswith("UTMALDG") for op in p["copies"])], b
-    assert not plain["warp_specialized"] and plain["warps"] == plain["requested_warps"] == 4, plain
-    assert len(plain["main_loops"]) == 1 and plain["main_loops"][0]["groups"]["copies"], plain
+        assert loop["hgmma"] and all(k.endswith(f"A={operand}") for k in loop["hgmma"]), loop
+        assert any(op.startswith("UTMALDG") for op in loop["groups"]["copies"]), loop
 
 
 def test_command_records_the_build(tmp_path):
@@ -93,7 +84,7 @@ def test_command_records_the_build(tmp_path):
 def test_options_are_typed_gemm_config_fields():
     from bench.gemm_build import option
 
-    assert option("warp_specialize=true") == ("warp_specialize", True)
+    assert option("flatten=true") == ("flatten", True)
     assert option("block_n=256") == ("block_n", 256)
     for bad in ("nonsense=1", "block_n", "tma=yes"):
         with pytest.raises(ValueError):

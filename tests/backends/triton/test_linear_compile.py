@@ -131,7 +131,7 @@ def compile_variant(name, bm, bn, bk, warps, stages, int8=False, swap=False, tma
         types |= {"x_ptr": f"tensordesc<bf16[{bm}, {bk}]>", "w_ptr": f"tensordesc<{w_ty}[{bn}, {bk}]>"}
     consts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SWIGLU=swiglu, DOT_F32=False, EVEN_K=True,
                   RESIDUAL=residual, INT8=int8, BITS=True, SWAP_AB=swap, TMA=tma, FLATTEN=flatten, SPLIT=split,
-                  SPLITS=4 if split else 1, WS=False, FRAG=False, SCALED=int8)
+                  SPLITS=4 if split else 1, FRAG=False, SCALED=int8)
     sig = {n: "constexpr" if n in consts else types.get(n, "*bf16" if n.endswith("_ptr") else "i32") for n in names}
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride_") or n in ("N", "K")]
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()},

@@ -184,9 +184,3 @@ def test_refuses_what_it_cannot_read():
     with pytest.raises(AssertionError, match="block_k a multiple of 64"):
         linear(x, p, scale, int8_layout="fragments", config=GemvConfig(16, 32, 1, 4, 1))
 
-
-def test_warp_specialization_is_refused_with_the_reason():
-    x, q, scale = weights(40, 32, 128, torch.float16, "ws")
-    ws = GemmConfig(32, 32, 64, 8, 4, 2, swap_ab=True, persistent=True, tma=True, warp_specialize=True)
-    with pytest.raises(AssertionError, match="warp_specialize does not build with int8_layout='fragments'"):
-        linear(x, pack_fragments(q), scale, config=ws, int8_layout="fragments")
