@@ -385,7 +385,11 @@ def tables() -> list:
                 for r in sorted(rows, key=lambda r: (r["format"], r["T"], r["variant"]))]
         return markdown(["format", "T", "variant", "ms", "weights at of copy bandwidth"], body)
 
+    def missing(rows: list[dict], _group: str) -> list[str]:  # a run of a few layers (a sweep) is not the table
+        return [f"bf16 {layer}" for layer in LAYERS if not any(r["format"] == "bf16" and r["layer"] == layer
+                                                                 for r in rows)]
+
     return [Table("linear", "{group}: the linear per layer", per_layer_table, group=lambda r: r["model"],
-                  select=lambda r: "triton_us" in r and "gb_s" in r),
+                  select=lambda r: "triton_us" in r and "gb_s" in r, missing=missing),
             Table("linear_decode_step", "{group}: a decode step's linears", step_table, group=lambda r: r["model"],
                   select=lambda r: "ms" in r and "variant" in r)]
