@@ -128,8 +128,8 @@ def rule_config(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
     """The tiles :func:`linear` runs for these arguments without ``config``: ``gemv_config`` for T <=
     16 (at least ``INTERPRETER_BLOCK_N`` rows a program under the interpreter), else ``gemm_config``
     (the persistent TMA kernel's tiles where the device has TMA and the tensors allow descriptors,
-    for 16-bit activations and launches without SwiGLU: its tiles and stages were measured for
-    bf16, and float32 ones do not fit in shared memory). A per-op chain that must equal a fused
+    for 16-bit activations: its tiles and stages were measured for bf16, and float32 ones do not
+    fit in shared memory; with SwiGLU for int8 weights only, as measured). A per-op chain that must equal a fused
     SwiGLU call passes ``rule_config(x, w, scale, swiglu=True)`` to its plain call."""
     T, K = x.shape
     n_w = w.shape[0]

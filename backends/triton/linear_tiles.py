@@ -209,7 +209,7 @@ GEMM_TILES = {
              (64, 64, 128, 4, 3, 0.50)),
 }
 # The persistent TMA kernel's candidates, the same columns, throughputs on the scale of the table above,
-# for launches without SwiGLU where TMA descriptors can be made (an sm_90 GPU, aligned tensors); the
+# where TMA descriptors can be made (an sm_90 GPU, aligned tensors), BF16 without SwiGLU; the
 # tile loop flattened where its epilogue fits in shared memory beside the pipeline. Measured at T =
 # 1,024 on Qwen3-4B (linear@85a0a62), us, the non-persistent rule
 # / persistent 128 x 128 x 64 (4 stages, flattened) / 128 x 256 x 64 (flattened) / cuBLAS: qkv 56.9 /
@@ -217,11 +217,18 @@ GEMM_TILES = {
 # 120.3 / 113.8 / 95.9 / 67.2, lm_head (float32 logits: 128 x 256 not flattened) 1,361 / 1,244 / 1,105
 # / 1,221: throughputs 1.06-1.15 (128 x 128) and 1.21-1.25 (128 x 256, qkv 1.35). The fused SwiGLU
 # keeps the non-persistent tiles: 170.9 us against 173.1 (persistent 128 x 128) and 200.7 (128 x 256).
-# W8A16: none yet (no GPU record of the persistent int8 tiles; the sweep times them).
+# W8A16 (transposed, not flattened): measured on an H100 at T = 1,024 on Qwen3-4B (linear@3b3f30c), us,
+# the non-persistent rule (128 x 128 x 64) / persistent 128 x 128 x 128 / 128 x 256 x 128: qkv 84.7 / 63.8 /
+# 82.5, o_proj 81.2 / 65.5 / 62.5, gate_up 275.2 / 206.0 / 205.1, down 190.2 / 149.2 / 139.2, lm_head
+# 2,056 / 1,618 / 1,509: throughputs 1.24-1.34 and 1.30-1.37 (BLOCK_K 64 tiles: 1.01-1.09, flattened
+# 0.80-0.88). Its fused SwiGLU takes the persistent 128 x 128 x 128 tile (345.1 us against 254.0; 128 x
+# 256: 411.2): PERSISTENT_SWIGLU_TILES.
 PERSISTENT_TILES = {
     "none": ((128, 256, 64, 8, 3, 1.22), (128, 128, 64, 8, 4, 1.09)),
-    "int8": (),
+    "int8": ((128, 256, 128, 8, 3, 1.35), (128, 128, 128, 8, 3, 1.30)),
 }
+PERSISTENT_SWIGLU_TILES = {"none": (), "int8": ((128, 128, 128, 8, 3, 1.36),)}
+FLATTEN = {"none": True, "int8": False}
 # The W8A16 GEMM computes its tiles transposed (swap_ab): on an H200 at the Qwen3-4B layers for T = 1,024,
 # 3-23 % faster on every layer with the rule's tile (linear@a1a4273; the SwiGLU form was not swept).
 SWAP_AB = {"none": False, "int8": True}
@@ -232,15 +239,16 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
                 tma: bool = False, out_bytes: int = 2) -> GemmConfig:
     """Tile of the GEMM for ``M`` > 16 rows on a weight of ``N`` rows (2I for the fused SwiGLU weight).
 
-    Rule: for each candidate of the format's ``GEMM_TILES`` (and ``PERSISTENT_TILES`` with ``tma``
-    and without ``swiglu``), cost = waves x tile cost, with waves = cdiv(tiles, SMs) (one resident
+    Rule: for each candidate of the format's ``GEMM_TILES`` (and with ``tma`` ``PERSISTENT_TILES``,
+    or ``PERSISTENT_SWIGLU_TILES`` for ``swiglu``), cost = waves x tile cost, with waves = cdiv(tiles, SMs) (one resident
     tile per SM), tiles = cdiv(M, BM) * cdiv(N, BN) (padded rows and columns cost as much as real
     ones) and tile cost = BM * BN / throughput (K is common to all candidates). The cheapest wins;
     ties go to the earlier tile. GROUP_M = 8; BLOCK_K shrinks to next_pow2(K) for small K (never
-    below 32). ``out_bytes``: the output's element size (a persistent tile loop is flattened only
-    where its epilogue tile fits in shared memory beside the pipeline's stages)."""
+    below 32). ``out_bytes``: the output's element size (a BF16 persistent tile loop is flattened
+    only where its epilogue tile fits in shared memory beside the pipeline's stages; a W8A16 one never:
+    ``FLATTEN``)."""
     fmt = "int8" if int8 else "none"
-    persistent = PERSISTENT_TILES[fmt] if tma and not swiglu else ()
+    persistent = (PERSISTENT_SWIGLU_TILES if swiglu else PERSISTENT_TILES)[fmt] if tma else ()
     best, best_cost = None, None
     for n, (bm, bn, bk, warps, stages, speed) in enumerate(GEMM_TILES[fmt] + persistent):
         cost = triton.cdiv(triton.cdiv(M, bm) * triton.cdiv(N, bn), sms) * bm * bn / speed
@@ -250,7 +258,7 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
     bk = min(bk, max(32, triton.next_power_of_2(K)))
     if not is_persistent:
         return GemmConfig(bm, bn, bk, 8, warps, stages, swap_ab=SWAP_AB[fmt])
-    flatten = stages * (bm + bn) * bk * 2 + bm * bn * out_bytes <= SMEM_BYTES
+    flatten = FLATTEN[fmt] and stages * (bm + bn) * bk * 2 + bm * bn * out_bytes <= SMEM_BYTES
     return GemmConfig(bm, bn, bk, 8, warps, stages, swap_ab=SWAP_AB[fmt], persistent=True, tma=True, flatten=flatten)
 
 
@@ -316,5 +324,6 @@ def split_plan(M: int, n_w: int, K: int, block_m: int, block_n: int, block_k: in
     return best
 
 
-__all__ = ["GEMM_TILES", "GEMV_RULES", "LM_HEAD_ROWS", "PERSISTENT_TILES", "WEIGHT_FORMATS", "GemmConfig", "GemvConfig",
-           "GemvRule", "balance", "counters_needed", "gemm_config", "gemv_config", "gemv_split_k", "split_plan"]
+__all__ = ["GEMM_TILES", "GEMV_RULES", "LM_HEAD_ROWS", "PERSISTENT_SWIGLU_TILES", "PERSISTENT_TILES", "WEIGHT_FORMATS",
+           "GemmConfig", "GemvConfig", "GemvRule", "balance", "counters_needed", "gemm_config", "gemv_config",
+           "gemv_split_k", "split_plan"]

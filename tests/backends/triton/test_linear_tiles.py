@@ -97,7 +97,8 @@ def test_persistent_gemm_where_tma_is_there(name):
     """At T = 1,024 with TMA the plain launches of the 4B layers take the persistent tiles the sweep
     measured fastest (128 x 128 for qkv, 128 x 256 for the others), flattened except the lm_head's
     float32 logits (whose epilogue tile does not fit beside the pipeline); SwiGLU keeps the tiled
-    kernel, and int8 has no persistent row yet."""
+    kernel. W8A16 (H100 sweep): the persistent tiles at BLOCK_K 128, transposed, never flattened,
+    128 x 256 at the 4B layers but qkv (128 x 128), and 128 x 128 for its fused SwiGLU."""
     N, K = QWEN3_LINEARS[name]
     lm_head = name.endswith("lm_head")
     cfg = gemm_config(1024, N, K, tma=True, out_bytes=4 if lm_head else 2)
@@ -109,7 +110,12 @@ def test_persistent_gemm_where_tma_is_there(name):
         assert (bm, bn, bk, warps, stages) in [t[:5] for t in PERSISTENT_TILES["none"]]
         assert cfg.flatten == (stages * (bm + bn) * bk * 2 + bm * bn * (4 if lm_head else 2) <= SMEM_BYTES)
     assert gemm_config(1024, N, K, tma=True, swiglu=True) == gemm_config(1024, N, K, swiglu=True)
-    assert not gemm_config(1024, N, K, tma=True, int8=True).persistent
+    q = gemm_config(1024, N, K, tma=True, int8=True)
+    assert q.swap_ab and not q.flatten and q.block_k == 128
+    if name.startswith("4B"):
+        assert q.persistent and q.tma and q.block_n == (128 if name == "4B.qkv" else 256)
+        assert gemm_config(1024, N, K, tma=True, int8=True, swiglu=True).block_n == 128
+    assert not gemm_config(1024, N, K, int8=True).persistent  # no TMA: the tiled kernel
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
