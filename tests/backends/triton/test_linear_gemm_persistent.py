@@ -350,6 +350,31 @@ def test_gpu_int8_decoder_use(name, option, swap_ab, T):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("T", [17, 256, 1024, 4096])
+@pytest.mark.parametrize("name", list(QWEN3_LINEARS))
+def test_gpu_int8_rule_tiles_in_decoder_use(name, T):
+    """The W8A16 rule's own tiles (the persistent BLOCK_K 128 ones where it takes them): the call
+    without a config runs them; fused == per-op (the plain call given the fused call's rule tile,
+    as a per-op chain does) bit for bit and close to the twin."""
+    from tileinfer.backends.triton.linear import rule_config
+
+    N, K = QWEN3_LINEARS[name]
+    swiglu, has_residual = DECODER_USE[name.rsplit(".", 1)[1]]
+    out_dtype = torch.float32 if name.endswith("lm_head") else torch.bfloat16
+    x, _, q, scale = inputs(N, K, torch.bfloat16, "gpu-int8-rule", name, t=T)
+    cfg = rule_config(x, q, scale, swiglu=swiglu, out_dtype=out_dtype)
+    n = N // 2 if swiglu else N
+    r = randn((T, n), torch.bfloat16, generator("gpu-r8-rule", name)) if has_residual else None
+    fused = run(linear, x, q, scale, n=n, out_dtype=out_dtype, swiglu=swiglu, residual=r)
+    assert_equal(run(linear, x, q, scale, n=n, out_dtype=out_dtype, swiglu=swiglu, residual=r, config=cfg), fused)
+    plain = linear(x, q, scale, out_dtype=out_dtype, config=cfg)
+    chain = silu_mul(plain) if swiglu else plain
+    assert_equal(fused, chain if r is None else add(chain, r))
+    bound = 4e-3 if out_dtype == torch.bfloat16 else 1e-5
+    assert rel_err(plain, ref_linear(x, q, scale, out_dtype=out_dtype)) < bound
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["4B.o_proj", "4B.down", "0.6B.down"])
 def test_gpu_split_tail_is_deterministic_and_graphable(name):
     """The split plan's tiles summed by whichever unit arrives last: the same bits over many runs,
