@@ -9,25 +9,12 @@ of its last token (:func:`attend_tiles` of paged_attention_tiles.py): the tiles 
 block sees completely run without any mask, the few tiles on the diagonal apply the causal mask and
 the end-of-context load mask (``CAUSAL=False``: every row sees all ``start + T`` keys, the tiles up
 to the last tile boundary unmasked, the last one masked by the context end). The second grid axis
-is walked backwards so that the longest (latest) blocks start first. With ``HEAD_ROWS`` the grid is
-``(num_heads, cdiv(T, BLOCK_M))`` instead: a program owns BLOCK_M consecutive tokens of one q head,
-loaded as one TMA box of q viewed as ``[T, H * D]`` (rows past T read as 0, never stored); the K/V
-bytes per row are the same, the group shares its tiles through the L2 instead of the registers.
-
-TMA (``TMA``; :class:`PrefillTiles` ``tma``): the K and V tiles arrive through descriptors over the
-pages viewed as rows of D (row ``page * page_rows + kv_head * head_rows + slot``), one box per tile,
-so PAGE_SIZE must be a multiple of BLOCK_N; a masked tile loads its slots past the context too (any
-bits: the pages are not initialized) and zeroes those value rows in registers
-(:func:`attend_tiles_tma`). ``WARP_SPECIALIZE`` (needs TMA and HEAD_ROWS, BLOCK_M 128 and 4 warps):
-the key loop is Triton's warp-specialized loop, which Triton 3.6 builds on sm_90 as a producer
-warpgroup issuing the TMA loads and two consumer warpgroups of 64 rows each (12 warps, register
-counts moved by ``setmaxnreg``). It builds nothing after such a loop, so the whole key range runs as
-one loop with every tile masked.
+is walked backwards so that the longest (latest) blocks start first.
 
 Int8 pages (``KV_INT8``, ``kv_store=paged_int8``; paged_attention_int8.py): the same loop through
 :func:`attend_tiles_int8`, which converts each int8 tile in registers and applies the per-vector
 scales to the scores and to ``P``; with ``SMOOTH`` the q rows are first multiplied by the key
-smoothing and rounded (:func:`smooth_q`), as the reference attention does. No TMA there.
+smoothing and rounded (:func:`smooth_q`), as the reference attention does.
 
 The start (the number of cached positions before the step) is read on the device from
 ``positions[0]``, as the decode kernel reads it, so that a prefill step captured into a CUDA graph
@@ -44,51 +31,33 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from tileinfer.backends.triton.device_functions import launch_dependents_then_wait
 from tileinfer.backends.triton.linear_gemm import KernelLaunch
-from tileinfer.backends.triton.paged_attention_tiles import (
-    attend_kv_head,
-    attend_tiles_tma,
-    empty_state,
-    load_q_rows,
-    smooth_q,
-)
+from tileinfer.backends.triton.paged_attention_tiles import attend_kv_head, load_q_rows, smooth_q
 from tileinfer.backends.triton.paged_attention_int8 import Int8Pages, int8_arguments
 from tileinfer.backends.triton.pdl import launch_options
 
 
 @dataclass(frozen=True)
 class PrefillTiles:
-    """The prefill kernel's tiles and loads: ``block_m`` query rows a program, ``block_n`` keys a
-    tile, ``num_warps``, ``num_stages``; ``tma``: K/V tiles through TMA descriptors (pages in q's
-    dtype, page_size a multiple of ``block_n``); ``head_rows``: a program's rows are ``block_m``
-    tokens of one q head, q through a TMA descriptor (q's heads contiguous); ``warp_specialize``:
-    the key loop warp-specialized (needs both, ``block_m`` 128 and ``num_warps`` 4: the other forms
-    Triton 3.6 rejects on sm_90, or builds without the specialization)."""
+    """The prefill kernel's tiles: ``block_m`` query rows a program, ``block_n`` keys a tile (both
+    powers of two >= 16), ``num_warps``, ``num_stages``."""
 
     block_m: int = 64
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    tma: bool = False
-    head_rows: bool = False
-    warp_specialize: bool = False
 
     def __post_init__(self):
         for name in ("block_m", "block_n"):
             n = getattr(self, name)
             assert n >= 16 and n & (n - 1) == 0, f"{name} must be a power of two >= 16: {self}"
-        assert not self.head_rows or self.tma, f"head_rows loads q through TMA: set tma too: {self}"
-        assert not self.warp_specialize or (self.tma and self.head_rows and self.block_m == 128
-                                            and self.num_warps == 4), (
-            f"warp_specialize needs tma, head_rows, block_m 128 and num_warps 4: {self}")
 
 
 @triton.jit
 def _paged_prefill_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, smooth_ptr, q_desc, k_desc, v_desc, page_rows, head_rows,
+    q_ptr, k_ptr, v_ptr, bt_ptr, out_ptr, ks_ptr, vs_ptr, smooth_ptr,
     stride_qt, stride_qh,
     stride_kp, stride_kh, stride_ks,
     stride_vp, stride_vh, stride_vs,
@@ -99,32 +68,21 @@ def _paged_prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    TMA: tl.constexpr, HEAD_ROWS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     launch_dependents_then_wait(PDL)
     start = tl.load(pos_ptr).to(tl.int32)  # read on the device: a replayed CUDA graph sees the new value
+    kv_head = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # longest blocks first
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    if HEAD_ROWS:  # BLOCK_M tokens of q head program_id(0), one TMA box (rows past T read as 0)
-        head = tl.program_id(0)
-        kv_head = head // GROUP
-        tok = offs_m
-        row_ok = tok < T
-        q = q_desc.load([pid_m * BLOCK_M, head * HEAD_DIM])
-        if UPCAST:
-            q = q.to(tl.float32)
-        first_tok = pid_m * BLOCK_M
-        last_tok = tl.minimum(pid_m * BLOCK_M + BLOCK_M - 1, T - 1)
-    else:
-        kv_head = tl.program_id(0)
-        q, tok, head, row_ok = load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
-                                           GROUP, UPCAST)
-        if SMOOTH:  # the cache holds k / k_smooth
-            q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
-        first_tok = (pid_m * BLOCK_M) // GROUP
-        last_tok = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
+    q, tok, head, row_ok = load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
+                                       GROUP, UPCAST)
+    if SMOOTH:  # the cache holds k / k_smooth
+        q = smooth_q(q, smooth_ptr, offs_d, q_ptr.dtype.element_ty, UPCAST)
     qpos = start + tok
+
+    first_tok = (pid_m * BLOCK_M) // GROUP
+    last_tok = tl.minimum((pid_m * BLOCK_M + BLOCK_M - 1) // GROUP, T - 1)
     full_end = ((start + first_tok + 1) // BLOCK_N) * BLOCK_N  # keys every row of the block sees
     if not CAUSAL:  # every row sees all start + T keys, as the step's last token does
         qpos = tok * 0 + (start + T - 1)
@@ -132,43 +90,13 @@ def _paged_prefill_kernel(
         last_tok = T - 1
     causal_end = start + last_tok + 1
 
-    if WARP_SPECIALIZE:  # one loop, every tile masked: Triton 3.6 builds nothing after a specialized loop
-        acc, l_i, m_i = empty_state(BLOCK_M, HEAD_DIM)
-        acc, l_i, m_i = attend_tiles_tma(acc, l_i, m_i, q, k_desc, v_desc, bt_ptr, page_rows, kv_head * head_rows,
-                                         qpos, 0, causal_end, qk_scale, True, BLOCK_N, PAGE_SIZE, UPCAST,
-                                         DOT_PRECISION, True)
-    elif TMA:
-        acc, l_i, m_i = empty_state(BLOCK_M, HEAD_DIM)
-        head_row = kv_head * head_rows
-        acc, l_i, m_i = attend_tiles_tma(acc, l_i, m_i, q, k_desc, v_desc, bt_ptr, page_rows, head_row, qpos, 0,
-                                         full_end, qk_scale, False, BLOCK_N, PAGE_SIZE, UPCAST, DOT_PRECISION,
-                                         False)
-        acc, l_i, m_i = attend_tiles_tma(acc, l_i, m_i, q, k_desc, v_desc, bt_ptr, page_rows, head_row, qpos,
-                                         full_end, causal_end, qk_scale, True, BLOCK_N, PAGE_SIZE, UPCAST,
-                                         DOT_PRECISION, False)
-    else:
-        acc, l_i, m_i = attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh,
-                                       stride_sh, stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, 0,
-                                       full_end, causal_end, qk_scale, offs_d, BLOCK_M, HEAD_DIM, BLOCK_N, PAGE_SIZE,
-                                       KV_INT8, UPCAST, DOT_PRECISION)
+    acc, l_i, m_i = attend_kv_head(q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, kv_head, stride_kh, stride_vh, stride_sh,
+                                   stride_kp, stride_ks, stride_vp, stride_vs, stride_sp, qpos, 0, full_end, causal_end,
+                                   qk_scale, offs_d, BLOCK_M, HEAD_DIM, BLOCK_N, PAGE_SIZE, KV_INT8, UPCAST,
+                                   DOT_PRECISION)
     out = acc / l_i[:, None]
     tl.store(out_ptr + (tok * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-
-
-def _page_descriptors(k_pages: torch.Tensor, v_pages: torch.Tensor, block_n: int):
-    """TMA descriptors of the K and V pages viewed as rows of D (block ``[block_n, D]``), and the
-    rows of a page and of a kv head (``page_rows``, ``head_rows``)."""
-    num_pages, hkv, page_size, d = k_pages.shape
-    stride = k_pages.stride()
-    assert v_pages.stride() == stride, "TMA: k_pages and v_pages must have the same strides"
-    assert page_size % block_n == 0, f"TMA: page_size {page_size} is not a multiple of the key tile {block_n}"
-    assert stride[0] % stride[2] == 0 and stride[1] % stride[2] == 0 and stride[2] >= d, (
-        f"TMA: the pages' strides {stride} are not whole rows of D")
-    page_rows, head_rows = stride[0] // stride[2], stride[1] // stride[2]
-    rows = (num_pages - 1) * page_rows + (hkv - 1) * head_rows + page_size
-    k_desc, v_desc = (TensorDescriptor(p, [rows, d], [stride[2], 1], [block_n, d]) for p in (k_pages, v_pages))
-    return k_desc, v_desc, page_rows, head_rows
 
 
 def prefill_launch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
@@ -178,32 +106,22 @@ def prefill_launch(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
     """The launch of ``_paged_prefill_kernel`` on checked arguments (bench/kernels/paged_attention_build.py
     compiles it for sm_90 on ``meta`` tensors); the start is ``positions[0]`` (int64 on q's device),
     read by the kernel, so that a CUDA graph replays at any start; ``qk_scale`` has ``log2(e)``
-    folded in, ``tiles`` are the kernel's (TMA descriptors made here: 16-byte aligned tensors and
-    row strides), ``pdl`` is granted; ``causal=False``: every query sees all ``start + T`` keys;
-    ``quant``: the pages are int8 with these scales (and smoothing)."""
-    t, h, d = q.shape
+    folded in, ``tiles`` are the kernel's, ``pdl`` is granted; ``causal=False``: every query sees
+    all ``start + T`` keys; ``quant``: the pages are int8 with these scales (and smoothing)."""
+    t, _, d = q.shape
     ks, vs, smooth = int8_arguments(q, quant)
     hkv, page_size = k_pages.shape[1], k_pages.shape[2]
-    q_desc, k_desc, v_desc, page_rows, head_rows = q, k_pages, v_pages, 0, 0  # stand-ins, never read
-    if tiles.tma:
-        assert quant is None, "TMA loads pages in q's dtype, not int8 pages"
-        k_desc, v_desc, page_rows, head_rows = _page_descriptors(k_pages, v_pages, tiles.block_n)
-    if tiles.head_rows:
-        assert q.stride(1) == d, "head_rows: q's heads must be contiguous ([T, H * D] rows)"
-        q_desc = TensorDescriptor(q, [t, h * d], [q.stride(0), 1], [tiles.block_m, d])
-    rows, programs = (t, h) if tiles.head_rows else (t * group, hkv)
-    args = (q, k_pages, v_pages, block_table, out, ks, vs, smooth, q_desc, k_desc, v_desc, page_rows, head_rows,
+    args = (q, k_pages, v_pages, block_table, out, ks, vs, smooth,
             q.stride(0), q.stride(1),
             k_pages.stride(0), k_pages.stride(1), k_pages.stride(2),
             v_pages.stride(0), v_pages.stride(1), v_pages.stride(2),
             out.stride(0), out.stride(1),
             ks.stride(0), ks.stride(1),
             t, positions, qk_scale)
-    return KernelLaunch(_paged_prefill_kernel, (programs, triton.cdiv(rows, tiles.block_m)), args, dict(
+    return KernelLaunch(_paged_prefill_kernel, (hkv, triton.cdiv(t * group, tiles.block_m)), args, dict(
         CAUSAL=causal, KV_INT8=quant is not None, SMOOTH=smooth is not q, GROUP=group, HEAD_DIM=d,
         PAGE_SIZE=page_size, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, UPCAST=upcast, DOT_PRECISION=precision,
-        PDL=pdl, TMA=tiles.tma, HEAD_ROWS=tiles.head_rows, WARP_SPECIALIZE=tiles.warp_specialize,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, enable_fp_fusion=True, **launch_options(pdl)))
+        PDL=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages, enable_fp_fusion=True, **launch_options(pdl)))
 
 
 __all__ = ["PrefillTiles", "prefill_launch"]

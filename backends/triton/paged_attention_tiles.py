@@ -110,40 +110,6 @@ def attend_tiles(acc, l_i, m_i, q, k_base, v_base, bt_ptr, stride_kp, stride_ks,
 
 
 @triton.jit
-def _tma_rows(bt_ptr, n0, hi, page_rows, head_row, PAGE_SIZE: tl.constexpr):
-    """The first descriptor row of keys ``n0 ..`` (a tile inside one page): the page's row of the
-    kv head plus the slot; no table entry read at ``n0 >= hi`` (page 0 stands in)."""
-    page = tl.load(bt_ptr + n0 // PAGE_SIZE, mask=n0 < hi, other=0)
-    return page * page_rows + head_row + n0 % PAGE_SIZE
-
-
-@triton.jit
-def attend_tiles_tma(acc, l_i, m_i, q, k_desc, v_desc, bt_ptr, page_rows, head_row, qpos, lo, hi, qk_scale,
-                     MASKED: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-                     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    """:func:`attend_tiles` with the K and V tiles loaded through TMA descriptors over the pages
-    viewed as rows of ``D`` (``k_desc``, ``v_desc``: block ``[BLOCK_N, D]``; the row of slot ``s``
-    of kv head ``h`` in page ``p`` is ``p * page_rows + head_row + s``), PAGE_SIZE a multiple of
-    BLOCK_N so that a tile is one page's; the loop warp-specialized where WARP_SPECIALIZE (sm_90:
-    a producer warp issues the loads). A masked tile loads all its rows: those of keys ``>= hi``
-    (slots past the context: anything, NaN included) get no weight in the scores, and their values
-    are zeroed before ``P V`` (0 x NaN would not be 0)."""
-    row = _tma_rows(bt_ptr, lo, hi, page_rows, head_row, PAGE_SIZE)
-    for n0 in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = k_desc.load([row, 0])
-        v = v_desc.load([row, 0])
-        if MASKED:
-            v = tl.where((offs_n < hi)[:, None], v, 0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        row = _tma_rows(bt_ptr, n0 + BLOCK_N, hi, page_rows, head_row, PAGE_SIZE)
-        acc, l_i, m_i = _softmax_step(acc, l_i, m_i, q, k, v, offs_n, qpos, hi, qk_scale, MASKED, DOT_PRECISION)
-    return acc, l_i, m_i
-
-
-@triton.jit
 def load_q_rows(q_ptr, stride_qt, stride_qh, kv_head, offs_m, offs_d, T,
                 GROUP: tl.constexpr, UPCAST: tl.constexpr):
     """Rows ``offs_m`` of a kv head: (token ``r // GROUP``, q head ``kv_head * GROUP + r % GROUP``)."""

@@ -26,12 +26,11 @@ scale per cached vector and keys smoothed, ``kv_store=paged_int8``):
 With ``--prefill-prompts``, only this: the prefill attention of prompts of those lengths as the
 engine runs them, in chunks of 4,096 tokens (configs/default.yaml's prefill_chunk; chunk ``i`` at
 start ``4,096 i``), bf16 pages, with each prefill tile candidate of --prefill-tiles
-(bench/kernels/paged_attention_build.py's CANDIDATES: the rule, 128-row shapes, TMA, the
-warp-specialized loop; a TMA candidate whose key tile the page size does not divide is skipped): the
-sum of the chunks' kernel times, TFLOP/s over the prompt against --peak-tflops, and each chunk's
-output against the rule's (bit-identical or the max difference; the rule's first chunk against the
-twin). Records: kind ``attention``, phase ``prefill_prompt``. ``--build`` compiles the candidates
-for sm_90 instead (no GPU, nothing timed; kind ``attention_build``, paged_attention_build.py).
+(bench/kernels/paged_attention_build.py's CANDIDATES: the rule and the 128-row shapes): the sum of
+the chunks' kernel times, TFLOP/s over the prompt against --peak-tflops, and each chunk's output
+against the rule's (bit-identical or the max difference; the rule's first chunk against the twin).
+Records: kind ``attention``, phase ``prefill_prompt``. ``--build`` compiles the candidates for sm_90
+instead (no GPU, nothing timed; kind ``attention_build``, paged_attention_build.py).
 
 Every case is first checked against the reference twin (backends/reference/paged_attention.py, the
 same int8 pages and scales); the max error is printed. ``host_us`` is the wall time per call of
@@ -49,7 +48,7 @@ import torch
 from .. import records
 from ..timing import copy_bandwidth, graph_seconds, host_seconds
 from . import gpu_visible, integers, name_list
-from .paged_attention_build import CANDIDATES, CHUNK, candidate_tiles, fits
+from .paged_attention_build import CANDIDATES, CHUNK, candidate_tiles
 
 SHAPE = dict(heads=32, kv_heads=8, head_dim=128, page_size=64)  # Qwen3-4B
 CONTEXTS = (1024, 8192, 32768)
@@ -258,10 +257,6 @@ def prompt_rows(args, bench, scale: float) -> list[dict]:
         twin_error = max_error(rule[0], q[:chunks[0][1]], k_pages, v_pages, bt, 0, scale, {})
         for name in args.prefill_tiles:
             tiles = candidate_tiles(name, CHUNK * h // hkv, d)
-            if not fits(tiles, args.page_size):
-                print(f"   {name:>12} {prompt:6d} | skipped: TMA tiles of {tiles.block_n} keys, pages of "
-                      f"{args.page_size}", flush=True)
-                continue
             chunk_us, diff, same = [], 0.0, True
             for (start, t), expected in zip(chunks, rule):
                 out = torch.empty_like(q[:t])
@@ -279,7 +274,7 @@ def prompt_rows(args, bench, scale: float) -> list[dict]:
             rows.append(row)
             print(f"   {name:>12} {prompt:6d} | {row['kernel_us']:10.1f} {row['tflops']:8.1f} "
                   f"{row['fraction_of_peak']:8.1%} | {'same bits' if same else f'max diff {diff:.2e}'}", flush=True)
-        del q, k_pages, v_pages, rule
+        q = k_pages = v_pages = rule = None  # freed before the next prompt's cache
         torch.cuda.empty_cache()
     return rows
 

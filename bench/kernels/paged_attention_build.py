@@ -5,10 +5,9 @@ paged_attention --build [--prefill-tiles NAMES] [--page-size P]`` builds the lau
 and pages of 64, a 4,096-token chunk, causal, PDL; bench/sm90_build.py gives it the launch's own
 specialization) with each candidate's tiles (:data:`CANDIDATES`, the rule's first) and prints and
 records (kind ``attention_build``, machine ``cpu``): registers a thread, spilled bytes, shared
-memory, the warps launched and whether Triton warp-specialized the key loop (with the register
-counts its partitions move to, the PTX's ``setmaxnreg``), programs per SM, the warpgroup MMAs
-(``HGMMA``: wgmma, A from registers or shared memory; ``HMMA`` would be mma.sync) and the global
-loads (TMA ``UTMALDG``, cp.async ``LDGSTS``, ``LDG`` by width).
+memory, the warps launched, programs per SM, the warpgroup MMAs (``HGMMA``: wgmma, A from registers
+or shared memory; ``HMMA`` would be mma.sync) and the global loads (cp.async ``LDGSTS``, ``LDG`` by
+width).
 
 Every figure is the compiler's, never a measurement; the timing is ``python -m bench kernels
 paged_attention --prefill-prompts 8192,32768`` on a GPU.
@@ -16,44 +15,18 @@ paged_attention --prefill-prompts 8192,32768`` on a GPU.
 
 from __future__ import annotations
 
-import re
-
 from .. import sm90_build
 
 SHAPE = dict(heads=32, kv_heads=8, head_dim=128)  # Qwen3-4B
 CHUNK = 4096  # configs/default.yaml's prefill_chunk: the T a long prompt's prefill steps run with
-# name -> prefill_tiles' keywords (shape, tma, warp_specialize) and PrefillTiles fields replaced after
-# it; "+tma": K/V through TMA descriptors; "ws": the warp-specialized loop (TMA, q rows one head's
-# tokens, 128 rows, 4 -> 12 warps); "s2": 2 stages (at 3, the TMA barriers take the 64x64 tiles' shared
-# memory 1 KiB past two programs a multiprocessor). TMA tiles of 128 keys need pages of 128.
-CANDIDATES = {
-    "rule": dict(),
-    "rule+tma": dict(tma=True),
-    "rule+tma+s2": dict(tma=True, num_stages=2),
-    "128x64": dict(shape="128x64"),
-    "128x64+tma": dict(shape="128x64", tma=True),
-    "128x128": dict(shape="128x128"),
-    "128x128+tma": dict(shape="128x128", tma=True),
-    "ws128x64": dict(warp_specialize=True),
-    "ws128x64+s2": dict(warp_specialize=True, num_stages=2),
-    "ws128x128": dict(shape="128x128", warp_specialize=True),
-}
+CANDIDATES = ("rule", "128x64", "128x128")  # prefill_tiles' shapes
 
 
 def candidate_tiles(name: str, rows: int, head_dim: int):
     """The ``PrefillTiles`` of candidate ``name`` for ``rows = T * G`` query rows."""
-    from dataclasses import replace
-
     from tileinfer.backends.triton.paged_attention import prefill_tiles
 
-    keys = dict(CANDIDATES[name])
-    fields = {k: keys.pop(k) for k in list(keys) if k not in ("shape", "tma", "warp_specialize")}
-    return replace(prefill_tiles(rows, head_dim, **keys), **fields)
-
-
-def fits(tiles, page_size: int) -> bool:
-    """Whether the tiles run over pages of ``page_size`` (TMA: a multiple of the key tile)."""
-    return not tiles.tma or page_size % tiles.block_n == 0
+    return prefill_tiles(rows, head_dim, shape=name)
 
 
 def prefill_launch_on_meta(tiles, t: int = CHUNK, start: int = 4096, causal: bool = True, page_size: int = 64):
@@ -76,32 +49,20 @@ def prefill_launch_on_meta(tiles, t: int = CHUNK, start: int = 4096, causal: boo
                           h // hkv, tiles, False, "tf32", True, causal)
 
 
-def partition_registers(ptx: str) -> list[str]:
-    """The register counts a warp-specialized kernel's partitions move to (``setmaxnreg``: ``inc
-    232`` raises a warpgroup's to 232 a thread, ``dec 40`` lowers it), each once, in PTX order."""
-    found = [f"{op} {n}" for op, n in re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)]
-    return list(dict.fromkeys(found))
-
-
 def loads(ops: dict[str, int]) -> dict[str, int]:
     """The global loads and the copies into shared memory among SASS opcode counts."""
-    return {op: n for op, n in sorted(ops.items()) if op.startswith(("UTMALDG", "LDGSTS", "LDG"))}
+    return {op: n for op, n in sorted(ops.items()) if op.startswith("LDG")}
 
 
 def compile_prefill(name: str, causal: bool = True, page_size: int = 64) -> dict:
-    """Build candidate ``name``'s launch for sm_90 and read what it takes (the module docstring);
-    ``{"candidate", "skipped"}`` where its tiles do not fit the pages."""
+    """Build candidate ``name``'s launch for sm_90 and read what it takes (the module docstring)."""
     tiles = candidate_tiles(name, CHUNK * SHAPE["heads"] // SHAPE["kv_heads"], SHAPE["head_dim"])
-    if not fits(tiles, page_size):
-        return dict(candidate=name, page_size=page_size, skipped=f"TMA tiles of {tiles.block_n} keys need pages of "
-                    f"a multiple of {tiles.block_n}")
     launch = prefill_launch_on_meta(tiles, causal=causal, page_size=page_size)
     build = sm90_build.compile_launch(launch.kernel, launch.args, launch.kwargs)
     ops = sm90_build.opcodes(build.sass)
     return dict(candidate=name, causal=causal, page_size=page_size, tiles=tiles.__dict__, registers=build.registers,
                 spill_stores=build.spill_stores, spill_loads=build.spill_loads, shared_bytes=build.shared_bytes,
-                requested_warps=build.requested_warps, warps=build.warps, warp_specialized=build.warp_specialized,
-                partition_registers=partition_registers(build.ptx),
+                requested_warps=build.requested_warps, warps=build.warps,
                 programs_per_sm=sm90_build.programs_per_sm(build.registers, build.warps, build.shared_bytes),
                 hgmma=sm90_build.hgmma(build.sass), hmma=sum(n for op, n in ops.items() if op.startswith("HMMA")),
                 loads=loads(ops))
@@ -115,13 +76,9 @@ def build_main(names: list[str], page_size: int, commit: str | None, path) -> in
     run = records.Run("cpu", commit=commit, path=path)
     for name in names:
         r = compile_prefill(name, page_size=page_size)
-        if "skipped" in r:
-            print(f"{name}: skipped ({r['skipped']})")
-            continue
         run.add("attention_build", shape="Qwen3-4B", T=CHUNK, **r)
-        ws = f", warp-specialized {r['partition_registers']}" if r["warp_specialized"] else ""
         print(f"{name}: {r['registers']} registers, spills {r['spill_stores']} / {r['spill_loads']} bytes, "
-              f"{r['shared_bytes']} bytes of shared memory, {r['warps']} warps{ws}, "
+              f"{r['shared_bytes']} bytes of shared memory, {r['warps']} warps, "
               f"{r['programs_per_sm']} programs per SM")
         mma = {**r["hgmma"], **({"HMMA": r["hmma"]} if r["hmma"] else {})}
         print("  MMA: " + (", ".join(f"{op} {n}" for op, n in mma.items()) or "none"))
@@ -130,5 +87,4 @@ def build_main(names: list[str], page_size: int, commit: str | None, path) -> in
     return 0
 
 
-__all__ = ["CANDIDATES", "CHUNK", "build_main", "candidate_tiles", "compile_prefill", "fits", "partition_registers",
-           "prefill_launch_on_meta"]
+__all__ = ["CANDIDATES", "CHUNK", "build_main", "candidate_tiles", "compile_prefill", "prefill_launch_on_meta"]

@@ -72,37 +72,41 @@ def test_each_case_runs_beside_its_twin(op):
 
 
 def test_paged_attention_build_needs_no_gpu(tmp_path):
-    """``--build``: the prefill candidates compiled for sm_90 on this machine, one record each, the
-    TMA candidate whose 128-key tile pages of 64 cannot hold skipped. In a subprocess: this session
-    imported the kernels under TRITON_INTERPRET=1."""
+    """``--build``: a prefill shape compiled for sm_90 on this machine, one record with its tiles;
+    the candidates are prefill_tiles' shapes. In a subprocess: this session imported the kernels
+    under TRITON_INTERPRET=1."""
     import json
     import os
     import subprocess
     import sys
 
+    from bench.kernels.paged_attention_build import CANDIDATES
+    from tileinfer.backends.triton.paged_attention import PREFILL_SHAPES
+
+    assert CANDIDATES == ("rule", *PREFILL_SHAPES)
     records_file = tmp_path / "records.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "bench", "kernels", "paged_attention", "--build", "--prefill-tiles",
-                           "rule,128x128+tma", "--records", str(records_file)], capture_output=True, text=True,
+                           "128x64", "--records", str(records_file)], capture_output=True, text=True,
                           env=env, cwd=Path(__file__).resolve().parents[2], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "128x128+tma: skipped" in proc.stdout
     found = [json.loads(line) for line in records_file.read_text().splitlines()]
-    assert [(r["kind"], r["candidate"]) for r in found] == [("attention_build", "rule")]
-    assert found[0]["registers"] > 0 and found[0]["hgmma"]
+    assert [(r["kind"], r["candidate"]) for r in found] == [("attention_build", "128x64")]
+    assert found[0]["tiles"]["block_m"] == 128 and found[0]["registers"] > 0 and found[0]["hgmma"]
 
 
 @pytest.mark.gpu
 def test_paged_attention_prefill_prompts(tmp_path):
     """``--prefill-prompts``: a prompt of two chunks (the second partial) with the rule and the
-    warp-specialized candidate, timed, each against the rule's bits."""
+    128-row shape of the rule's key tile, timed, each against the rule's bits (the same: the same key
+    tiles in the same order)."""
     import json
 
     records_file = tmp_path / "records.jsonl"
-    assert bench(["kernels", "paged_attention", "--prefill-prompts", "4200", "--prefill-tiles", "rule,ws128x64",
+    assert bench(["kernels", "paged_attention", "--prefill-prompts", "4200", "--prefill-tiles", "rule,128x64",
                   "--repeats", "2", "--records", str(records_file)]) == 0
     found = {r["tiles"]: r for r in map(json.loads, records_file.read_text().splitlines())}
-    assert set(found) == {"rule", "ws128x64"} and found["rule"]["bit_identical_to_rule"]
+    assert set(found) == {"rule", "128x64"} and found["rule"]["bit_identical_to_rule"]
     assert all(r["phase"] == "prefill_prompt" and len(r["chunk_us"]) == 2 and r["kernel_us"] > 0
                for r in found.values())
-    assert found["ws128x64"]["max_diff_vs_rule"] < 0.05
+    assert found["128x64"]["bit_identical_to_rule"]

@@ -63,7 +63,7 @@ def test_plugins_lists_every_interface_with_its_provider(capsys):
                                         "minimum": None, "help": options["fuse_epilogue"]["help"]}
     assert options["matmul"]["choices"] == ["triton", "torch"] and options["matmul"]["default"] == "triton"
     assert {o["name"] for o in found[("attention", "triton")]["options"]} == {
-        "fuse_inputs", "attend", "pdl", "prefill_tiles", "prefill_tma", "prefill_warp_specialize"}
+        "fuse_inputs", "attend", "pdl", "prefill_tiles"}
     assert found[("linear", "triton")]["auto"] == ["cuda"] and found[("linear", "reference")]["auto"] == ["cpu", "cuda"]
 
 

@@ -155,20 +155,13 @@ def test_fused_attention_inputs_are_bit_identical_to_the_per_op_chain(tokens):
     assert not k_fused[new].isnan().any()
 
 
-# The prefill attention's tile candidates (prefill_tiles of backends/triton/paged_attention.py): the
-# same greedy tokens over pages of 64 (a TMA box is one page's key tile); an 18-token prompt is one
-# prefill step of 128-row blocks for the 128-row and warp-specialized forms.
-PREFILL_OPTIONS = {
-    "128x64": {"prefill_tiles": "128x64"},
-    "128x128": {"prefill_tiles": "128x128"},
-    "tma": {"prefill_tma": True},
-    "128x64-tma": {"prefill_tiles": "128x64", "prefill_tma": True},
-    "warp-specialized": {"prefill_warp_specialize": True},
-}
+# The prefill attention's tile shapes (prefill_tiles of backends/triton/paged_attention.py): the same
+# greedy tokens; an 18-token prompt is one prefill step of 128-row blocks.
+PREFILL_SHAPES = ("128x64", "128x128")
 
 
-@pytest.mark.parametrize("options", PREFILL_OPTIONS)
-def test_each_prefill_option_gives_the_reference_greedy_tokens(folder, options, monkeypatch):
+@pytest.mark.parametrize("shape", PREFILL_SHAPES)
+def test_each_prefill_shape_gives_the_reference_greedy_tokens(folder, shape, monkeypatch):
     from tileinfer.backends.triton.paged_attention import prefill_tiles
     from tileinfer.plugins.triton import attention
 
@@ -180,23 +173,11 @@ def test_each_prefill_option_gives_the_reference_greedy_tokens(folder, options, 
 
     def tokens(*sources):
         return tileinfer.Engine.from_config("eager", *sources, model=str(folder), device=DEVICE, dtype="float32",
-                                            kv_page_size=64, progress=False).generate(PROMPT, max_new_tokens=NEW)
+                                            progress=False).generate(PROMPT, max_new_tokens=NEW)
 
     paged_prefill_attention = attention.paged_prefill_attention
     monkeypatch.setattr(attention, "paged_prefill_attention", recorded)
-    o = PREFILL_OPTIONS[options]
-    assert (tokens(TRITON, {"options": {"triton": o}}).token_ids == tokens("reference").token_ids)
-    rows = len(PROMPT) * MODEL["heads"] // MODEL["kv_heads"]
-    expected = prefill_tiles(rows, MODEL["head_dim"], shape=o.get("prefill_tiles", "rule"),
-                             tma=o.get("prefill_tma", False), warp_specialize=o.get("prefill_warp_specialize", False))
+    assert (tokens(TRITON, {"options": {"triton": {"prefill_tiles": shape}}}).token_ids
+            == tokens("reference").token_ids)
+    expected = prefill_tiles(len(PROMPT) * MODEL["heads"] // MODEL["kv_heads"], MODEL["head_dim"], shape=shape)
     assert launched and all(t == expected for t in launched), (launched, expected)
-
-
-@pytest.mark.parametrize("keys, reason", [
-    ({"kv_page_size": 16}, "kv_page_size=16 is not a multiple of the prefill key tile \\(64\\)"),
-    ({"kv_page_size": 64, "kv_store": "paged_int8"}, "load pages in the model dtype, not int8 pages"),
-])
-def test_prefill_tma_says_why_it_cannot_run(folder, keys, reason):
-    with pytest.raises(ConfigError, match=reason):
-        tileinfer.Engine.from_config("eager", TRITON, {"options": {"triton": {"prefill_tma": True}}},
-                                     model=str(folder), device=DEVICE, dtype="float32", progress=False, **keys)

@@ -111,7 +111,7 @@ def jobs():
         out.append((name, base + "paged_attention_prefill", "_paged_prefill_kernel",
                      dict(CAUSAL=causal, KV_INT8=int8, SMOOTH=int8, GROUP=4, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE,
                           BLOCK_M=pcfg.block_m, BLOCK_N=pcfg.block_n, UPCAST=False, DOT_PRECISION="tf32",
-                          PDL=pdl, TMA=False, HEAD_ROWS=False, WARP_SPECIALIZE=False),
+                          PDL=pdl),
                      attn8 if int8 else attn, pcfg.num_warps, pcfg.num_stages, {}))
     # PDL off: the first variant of each kernel function, the attention kernels at small tiles (what
     # PDL leaves out does not depend on them; they compile in a third of the time)
