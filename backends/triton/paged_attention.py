@@ -112,17 +112,26 @@ def _prefill_config(rows: int, head_dim: int, kv_int8: bool = False) -> PrefillT
     """The rule's tiles of the prefill kernel for ``rows = T * G`` query rows.
 
     H200, Qwen3-4B shape, T = 1,024: BLOCK_M 64 x BLOCK_N 64, 4 warps, 3 stages gave 261 TFLOP/s
-    from start 0 and 446 from start 4,096, against 204 / 365 for 128 x 128 with 8 warps. Int8
-    pages: :data:`INT8_BLOCK_N` keys.
+    from start 0 and 446 from start 4,096, against 204 / 365 for 128 x 128 with 8 warps. From
+    :data:`LARGE_PREFILL_ROWS` rows at head_dim 128 over model-dtype pages, ``PREFILL_SHAPES["128x64"]``
+    (the same bits: the key tile and so each row's sums are the rule's): H100, Qwen3-4B, prompts in
+    4,096-token chunks (16,384 rows), attention 1,119 against 1,196 us at 8,192 tokens and 17,678
+    against 19,551 at 32,768; the engine's prefill 149.3 against 153.8 ms and 1,100 against 1,172.
+    Int8 pages: :data:`INT8_BLOCK_N` keys.
     """
+    if rows >= LARGE_PREFILL_ROWS and head_dim == 128 and not kv_int8:
+        return PREFILL_SHAPES["128x64"]
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     return PrefillTiles(block_m, INT8_BLOCK_N if kv_int8 else 64, num_warps=4, num_stages=3)
 
 
-# Named prefill tile shapes besides the rule (``prefill_tiles``; options.triton.prefill_tiles): FA3's at
-# head_dim 128 (128 query rows, 8 warps: two warpgroups of 64). H100, Qwen3-4B's attention, an 8,192-token
-# prompt in 4,096-token chunks over pages of 64: 128x64 1,119 us against the rule's 1,196 (same bits),
-# 128x128 1,405 (max diff 7.8e-3); at 32k not measured yet.
+LARGE_PREFILL_ROWS = 16384  # the measured size: a 4,096-token chunk of 4 query heads a kv head
+
+
+# Named prefill tile shapes (``prefill_tiles``; options.triton.prefill_tiles): FA3's at head_dim 128 (128
+# query rows, 8 warps: two warpgroups of 64); the rule takes 128x64 for large chunks. H100, Qwen3-4B's
+# attention, an 8,192-token prompt in 4,096-token chunks over pages of 64: 128x64 1,119 us against 64 x 64's
+# 1,196 (same bits), 128x128 1,405 (max diff 7.8e-3).
 PREFILL_SHAPES = {
     "128x64": PrefillTiles(128, 64, num_warps=8, num_stages=3),
     "128x128": PrefillTiles(128, 128, num_warps=8, num_stages=2),

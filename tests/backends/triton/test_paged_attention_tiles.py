@@ -76,6 +76,19 @@ def test_bfloat16_shape_on_the_interpreter():
     check(run(q, k_pages, v_pages, block_table, 9, True, prefill_tiles(80, 64, shape="128x64")), expected)
 
 
+def test_the_rule_takes_128_query_rows_for_large_chunks_of_model_dtype_pages():
+    """From LARGE_PREFILL_ROWS query rows at head_dim 128 over model-dtype pages the rule's tile is
+    128x64 (whose bits are the 64 x 64 tile's: test_shape_matches_rule_and_twin); below, for int8
+    pages or another head_dim, 64 rows at most."""
+    from tileinfer.backends.triton.paged_attention import LARGE_PREFILL_ROWS, PREFILL_SHAPES
+
+    assert prefill_tiles(LARGE_PREFILL_ROWS, 128) == PREFILL_SHAPES["128x64"] == prefill_tiles(4 * 32768, 128)
+    for rows, head_dim, kv_int8 in ((LARGE_PREFILL_ROWS - 1, 128, False), (LARGE_PREFILL_ROWS, 64, False),
+                                    (LARGE_PREFILL_ROWS, 128, True)):
+        tiles = prefill_tiles(rows, head_dim, kv_int8)
+        assert tiles.block_m == 64 and tiles.num_warps == 4, (rows, head_dim, kv_int8, tiles)
+
+
 def test_tiles_contract():
     with pytest.raises(AssertionError, match="power of two"):
         PrefillTiles(96, 64)
