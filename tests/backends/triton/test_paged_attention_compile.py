@@ -2,8 +2,8 @@
 means them to, read from the build's own figures through ``compile_prefill`` of
 bench/kernels/paged_attention_build.py (Qwen3-4B's shape, bf16 pages of 64, a 4,096-token chunk,
 the launch's own specialization): every shape multiplies with warpgroup MMAs (HGMMA, no mma.sync),
-spills nothing, streams its K/V tiles by cp.async (LDGSTS) and runs the warps it launches; the
-rule's tiles leave room for two programs a multiprocessor. Runs in a subprocess: this test session
+spills nothing, streams its K/V tiles by cp.async (LDGSTS) and runs the warps it launches; at a
+4,096-token chunk (16,384 query rows) the rule's tiles are 128x64's, one program a multiprocessor. Runs in a subprocess: this test session
 imported the kernels under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
@@ -33,4 +33,5 @@ def test_shapes_build_as_the_kernel_means_them(tmp_path):
         assert r["spill_stores"] == 0, (key, r)
         assert any(op.startswith("LDGSTS") for op in r["loads"]), (key, r["loads"])
         assert r["warps"] == r["requested_warps"], (key, r)
-    assert results[("rule", True)]["programs_per_sm"] == 2
+    assert results[("rule", True)]["tiles"] == results[("128x64", True)]["tiles"]
+    assert results[("rule", True)]["programs_per_sm"] == 1
