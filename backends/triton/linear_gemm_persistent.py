@@ -59,6 +59,17 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
                for t in tensors)
 
 
+def operands(x: torch.Tensor, w: torch.Tensor, cfg: GemmConfig) -> tuple[bool, object, object]:
+    """``(tma, x_arg, w_arg)``: whether the launch takes TMA descriptors (``cfg.tma`` where
+    :func:`tma_ok`), and the x and weight arguments: descriptors of ``[BLOCK_M | BLOCK_N, BLOCK_K]``
+    boxes, or the tensors."""
+    tma = cfg.tma and tma_ok(x, w)
+    if not tma:
+        return False, x, w
+    return (True, TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [cfg.block_m, cfg.block_k]),
+            TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [cfg.block_n, cfg.block_k]))
+
+
 @triton.jit
 def _swizzled(tile, rows, num_pid_n, GROUP_M: tl.constexpr):
     """(pid_m, pid_n) of whole tile ``tile`` among ``rows`` row blocks x ``num_pid_n``, GROUP_M-swizzled."""
@@ -104,11 +115,11 @@ def _tile_sum(x_ptr, w_ptr, M, N, K, m0, n0, w_off, kb_lo, kb_hi, stride_xm, str
 
 
 @triton.jit
-def _sum_partials(p_ptrs, mask, stride_ps, SPLITS: tl.constexpr):
-    """The partials of splits 0, 1, ..., SPLITS - 1 added in that order, read past L1 (other
+def _sum_partials(p_ptrs, mask, stride_ps, pieces):
+    """The partials of pieces 0, 1, ..., pieces - 1 added in that order, read past L1 (other
     programs wrote them)."""
     acc = tl.load(p_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-    for s in range(1, SPLITS):
+    for s in range(1, pieces):
         acc += tl.load(p_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
     return acc
 
@@ -172,9 +183,10 @@ def _gemm_persistent_kernel(
                 gate = _finish_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty,
                                    SWIGLU, RESIDUAL)
             else:
-                _split_unit(acc, p_ptr, c_ptr, y_ptr, r_ptr, offs_m, offs_n, M, N, I_OFF, w_off, split,
-                            band_tile, DP_ROWS * BLOCK_M, stride_ps, stride_pm, stride_ym, stride_rm, out_ty,
-                            SWIGLU, RESIDUAL, HALVES * SPLITS, SPLITS)
+                mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+                p_ptrs = p_ptr + (offs_m - DP_ROWS * BLOCK_M).to(tl.int64)[:, None] * stride_pm + offs_n[None, :]
+                _split_unit(acc, p_ptrs, split, SPLITS, stride_ps, c_ptr, band_tile, HALVES * SPLITS, mask, y_ptr,
+                            r_ptr, offs_m, offs_n, M, N, I_OFF, w_off, stride_ym, stride_rm, out_ty, SWIGLU, RESIDUAL)
         else:
             gate = _finish_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, out_ty,
                                SWIGLU, RESIDUAL)
@@ -197,26 +209,26 @@ def _finish_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym,
 
 
 @triton.jit
-def _split_unit(acc, p_ptr, c_ptr, y_ptr, r_ptr, offs_m, offs_n, M, N, I_OFF, w_off, split, band_tile, row0,
-                stride_ps, stride_pm, stride_ym, stride_rm, out_ty: tl.constexpr, SWIGLU: tl.constexpr,
-                RESIDUAL: tl.constexpr, ARRIVALS: tl.constexpr, SPLITS: tl.constexpr):
-    """A split unit's end: its float32 partial (rows ``offs_m - row0`` of the workspace, columns
-    ``w_off + offs_n``) stored, then counted on the band tile's counter; the tile's last unit adds
-    the partials in split order, stores the output tile through the epilogue and sets the counter
-    back to 0 (the protocol of linear_gemv.py's ``reduce_if_last``)."""
-    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    p_ptrs = p_ptr + (offs_m - row0).to(tl.int64)[:, None] * stride_pm + offs_n[None, :]
-    tl.store(p_ptrs + split * stride_ps + w_off, acc, mask=mask)
+def _split_unit(acc, p_ptrs, piece, pieces, stride_ps, c_ptr, counter, arrivals, mask, y_ptr, r_ptr, offs_m, offs_n,
+                M, N, I_OFF, w_off, stride_ym, stride_rm, out_ty: tl.constexpr, SWIGLU: tl.constexpr,
+                RESIDUAL: tl.constexpr):
+    """The end of one piece of a tile split in K (a split tail's unit, a stream-K range's piece):
+    its float32 partial stored at ``p_ptrs + piece * stride_ps + w_off`` (``p_ptrs``: the tile's
+    elements in the workspace slot of its first piece; a SwiGLU tile's up partials ``I_OFF``
+    columns on), then counted on ``counter``; the tile's last of ``arrivals`` adds its ``pieces``
+    partials in piece order, stores the output tile through the epilogue and sets the counter back
+    to 0 (the protocol of linear_gemv.py's ``reduce_if_last``)."""
+    tl.store(p_ptrs + piece * stride_ps + w_off, acc, mask=mask)
     tl.debug_barrier()  # every thread's partial is written before the count
-    if tl.atomic_add(c_ptr + band_tile, 1, sem="acq_rel", scope="gpu") == ARRIVALS - 1:
-        tl.debug_barrier()  # the last unit: every partial is there
-        acc = _sum_partials(p_ptrs, mask, stride_ps, SPLITS)
+    if tl.atomic_add(c_ptr + counter, 1, sem="acq_rel", scope="gpu") == arrivals - 1:
+        tl.debug_barrier()  # the last piece: every partial is there
+        acc = _sum_partials(p_ptrs, mask, stride_ps, pieces)
         if SWIGLU:
             gate = acc.to(out_ty)
-            acc = _sum_partials(p_ptrs + I_OFF, mask, stride_ps, SPLITS)
+            acc = _sum_partials(p_ptrs + I_OFF, mask, stride_ps, pieces)
             acc = silu_mul_f32(gate.to(tl.float32), round_to(acc, out_ty))
         store_tile(acc, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym, stride_rm, RESIDUAL)
-        tl.atomic_xchg(c_ptr + band_tile, 0)  # the counters are 0 between launches
+        tl.atomic_xchg(c_ptr + counter, 0)  # the counters are 0 between launches
 
 
 def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, out: torch.Tensor,
@@ -250,9 +262,7 @@ def persistent_launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | No
         assert counters.dtype == torch.int32 and counters.numel() >= band_tiles and counters.device == x.device, (
             f"the split tail needs {band_tiles} int32 counters on {x.device}, got {counters.numel()} {counters.dtype}")
         counts = counters
-    tma = cfg.tma and tma_ok(x, w)
-    x_arg = TensorDescriptor(x, [M, K], [x.stride(0), 1], [bm, bk]) if tma else x
-    w_arg = TensorDescriptor(w, [n_w, K], [w.stride(0), 1], [bn, bk]) if tma else w
+    tma, x_arg, w_arg = operands(x, w, cfg)
     int8 = w.dtype == torch.int8
     args = (x_arg, w_arg, w if scale is None else scale, out, r, part, counts, M, n_out, K, i_off, x.stride(0),
             w.stride(0), out.stride(0), r.stride(0), part.stride(0), part.stride(-2), dp_rows, programs, n_lo, n_hi,
@@ -278,4 +288,4 @@ def split_tiles(M: int, n_out: int, cfg: GemmConfig) -> int:
     return min(cfg.split_rows, triton.cdiv(M, cfg.block_m)) * triton.cdiv(n_out, cfg.block_n)
 
 
-__all__ = ["launch_gemm_persistent", "persistent_launch", "split_tiles", "tma_ok"]
+__all__ = ["launch_gemm_persistent", "operands", "persistent_launch", "split_tiles", "tma_ok"]
