@@ -248,6 +248,19 @@ def test_counters_for_stream_k_are_one_per_sm():
     assert counters.dtype == torch.int32 and counters.numel() == sms_of(w.device) and not counters.any()
 
 
+def test_the_sweep_times_stream_k_candidates():
+    """``bench kernels linear --sweep``'s BF16 candidates hold the stream-K forms of the rule's two
+    persistent tiles, described with ``tma`` (the word ``bench check gemm`` filters on) and
+    ``stream_k``; the W8A16 ones (transposed) none."""
+    from bench.kernels import linear as module
+
+    for name in ("4B.o_proj", "4B.down"):
+        configs = [c for c in module.sweep_configs(*QWEN3_LINEARS[name], 1024, 132, "bf16") if c.stream_k]
+        assert {(c.block_n, c.num_stages) for c in configs} == {(256, 3), (128, 4)}
+        assert all("tma" in module.describe(c.__dict__) and "stream_k" in module.describe(c.__dict__) for c in configs)
+        assert not any(c.stream_k for c in module.sweep_configs(*QWEN3_LINEARS[name], 1024, 132, "int8"))
+
+
 # -- GPU: bfloat16 at the real shapes ---------------------------------------------------------------------
 
 
