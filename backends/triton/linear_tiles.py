@@ -249,8 +249,8 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
     """Tile of the GEMM for ``M`` > 16 rows on a weight of ``N`` rows (2I for the fused SwiGLU weight).
 
     Rule: for each candidate of the format's ``GEMM_TILES`` (and with ``tma`` ``PERSISTENT_TILES``,
-    or ``PERSISTENT_SWIGLU_TILES`` for ``swiglu``), cost = waves x tile cost, with waves = cdiv(tiles, SMs) (one resident
-    tile per SM), tiles = cdiv(M, BM) * cdiv(N, BN) (padded rows and columns cost as much as real
+    or ``PERSISTENT_SWIGLU_TILES`` for ``swiglu``), cost = waves x tile cost, with waves =
+    cdiv(tiles, SMs) (one resident tile per SM), tiles = cdiv(M, BM) * cdiv(N, BN) (padded rows and columns cost as much as real
     ones) and tile cost = BM * BN / throughput (K is common to all candidates). The cheapest wins;
     ties go to the earlier tile. GROUP_M = 8; BLOCK_K shrinks to next_pow2(K) for small K (never
     below 32). ``out_bytes``: the output's element size (a BF16 persistent tile loop is flattened
