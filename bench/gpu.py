@@ -104,9 +104,24 @@ CHECKS = {
     "attention": [(300, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--repeats", "20"]),
                   (180, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--page-size", "128",
                          "--prefill-tiles", "rule,128x64,128x128", "--repeats", "20"])],
+    # what settles issue 29 where device time is scarce: stream-K's GPU cases and the fragments layout under the
+    # W8A16 rule's tiles, stream-K against the rule at the N = 2,560 layers, then the engine's prefill with it
+    # against cuBLAS linears and INT8 (W8A16, dequantized) at 50 to 8,192 tokens
+    "prefill": [(100, ["gpu-tests", "tests/backends/triton/test_linear_gemm_streamk.py",
+                       "tests/backends/triton/test_linear_layout.py", "--workers", "4", "--seconds", "90"]),
+                (110, ["kernels", "linear", "--sweep", "--sweep-filter", "stream_k", "--models", "Qwen3-4B",
+                       "--formats", "bf16", "--layers", "o_proj,down", "--tokens", "1024,4096", "--repeats", "10"]),
+                (200, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
+                       "torch-matmul", "--variant", "default+options.triton.stream_k=true", "--variant", "int8",
+                       "--variant", "int8+options.triton.int8_prefill_dequant=512", "--workload", "prefill1024",
+                       "--no-peers", "--seconds", "2"]),
+                (130, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
+                       "default+options.triton.stream_k=true", "--variant", "int8", "--variant",
+                       "int8+options.triton.int8_prefill_dequant=512", "--workload", "prefill50", "--workload",
+                       "prefill256", "--workload", "prefill8192", "--no-peers", "--seconds", "1"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9}
+           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9, "prefill": 9}
 
 
 def step_argv(argv: list[str], extra: list[str]) -> list[str]:
