@@ -1,12 +1,11 @@
 """The prefill GEMM (backends/triton/linear_gemm.py, linear_gemm_persistent.py) as Triton and ptxas
 build it for an H100/H200 (sm_90), on any machine: no GPU, no run. ``python -m bench gemm-build
 [--shape S] [--layer L] [--tokens T] [--int8 [--int8-layout fragments]] [KEY=VALUE ...]`` takes the tiles the rule gives that
-layer at T tokens on a 132-SM Hopper with TMA (``gemm_config``; with ``stream_k=true`` the rule of
-``options.triton.stream_k``; KEY=VALUE: a field of ``GemmConfig`` replacing the rule's), with the
-layer's epilogue as the engine calls it (qkv plain, o_proj and down adding the residual, gate_up with
-SwiGLU, the lm_head's float32 logits), builds the launch ``linear`` would make (its own
-specialization: bench/sm90_build.py) and prints and records (kind ``gemm_build``, machine ``cpu``):
-registers a thread, spilled bytes, shared memory, the warps
+layer at T tokens on a 132-SM Hopper with TMA (``gemm_config``; KEY=VALUE: a field of
+``GemmConfig`` replacing the rule's), with the layer's epilogue as the engine calls it (qkv plain,
+o_proj and down adding the residual, gate_up with SwiGLU, the lm_head's float32 logits), builds the
+launch ``linear`` would make (its own specialization: bench/sm90_build.py) and prints and records
+(kind ``gemm_build``, machine ``cpu``): registers a thread, spilled bytes, shared memory, the warps
 launched (12 for a warp-specialized 4-warp kernel) and the partitions' register counts, programs per
 SM, and from the SASS the main loops (the innermost loops holding the MMAs; a flattened tile loop
 holds its epilogue too): per iteration (one BLOCK_K step of a warp) the instructions, the warpgroup
@@ -46,14 +45,12 @@ def layer_launch(shape: str, layer: str, tokens: int, int8: bool, overrides: dic
 
     from tileinfer.backends.triton.linear_gemm import gemm_launch
     from tileinfer.backends.triton.linear_gemm_persistent import persistent_launch
-    from tileinfer.backends.triton.linear_gemm_streamk import streamk_launch
     from tileinfer.backends.triton.linear_tiles import gemm_config
 
     n_w, k = layer_shapes(shape)[layer]
     swiglu, residual, logits = layer == "gate_up", layer in ("o_proj", "down"), layer == "lm_head"
     out_dtype = torch.float32 if logits else torch.bfloat16
-    cfg = gemm_config(tokens, n_w, k, SMS, int8=int8, swiglu=swiglu, tma=True, out_bytes=out_dtype.itemsize,
-                      stream_k=overrides.get("stream_k", False))
+    cfg = gemm_config(tokens, n_w, k, SMS, int8=int8, swiglu=swiglu, tma=True, out_bytes=out_dtype.itemsize)
     cfg = dataclasses.replace(cfg, **overrides)
     n_out = n_w // 2 if swiglu else n_w
     meta = dict(device="meta")
@@ -63,8 +60,6 @@ def layer_launch(shape: str, layer: str, tokens: int, int8: bool, overrides: dic
     out = torch.empty(tokens, n_out, dtype=out_dtype, **meta)
     r = torch.empty(tokens, n_out, dtype=torch.bfloat16, **meta) if residual else None
     i_off = n_out if swiglu else 0
-    if cfg.stream_k:
-        return cfg, streamk_launch(x, w, scale, out, r, cfg, n_out, swiglu, False, None, frag)
     if cfg.persistent:
         return cfg, persistent_launch(x, w, scale, out, r, cfg, n_out, i_off, swiglu, False, None, frag)
     return cfg, gemm_launch(x, w, scale, out, r, cfg, n_out, i_off, swiglu, False, frag)
@@ -167,7 +162,7 @@ def main(args) -> int:
     run.add("gemm_build", **result)
     c = result["config"]
     tiles = f"{c['block_m']}x{c['block_n']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']}" + "".join(
-        f" {k}" for k in ("persistent", "tma", "flatten", "swap_ab", "stream_k") if c.get(k))
+        f" {k}" for k in ("persistent", "tma", "flatten", "swap_ab") if c[k])
     fmt = f"int8 ({args.int8_layout})" if result["int8"] else "bf16"
     print(f"{result['shape']} {result['layer']} T={result['T']} {fmt} weights, "
           f"{result['kernel']} {tiles}: {result['registers']} registers, spills {result['spill_stores']} / "

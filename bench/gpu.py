@@ -32,8 +32,7 @@ CHECKS = {
     "gemv": [(200, ["kernels", "linear", "--sweep", "--tokens", "1,2,16", "--repeats", "20"]),
              (120, ["kernels", "paged_attention", "--kv", "bf16,int8", "--contexts", "8192,32768"])],
     # the persistent TMA candidates of both formats against the rule, the tiled rule and cuBLAS at T = 128..32k
-    # (every Qwen3-4B linear; the BF16 stream-K ones among them); then every persistent W8A16 candidate at T = 1,024
-    # and 4,096
+    # (every Qwen3-4B linear); then every persistent W8A16 candidate at T = 1,024 and 4,096
     "gemm": [(330, ["kernels", "linear", "--sweep", "--sweep-filter", "tma", "--models", "Qwen3-4B", "--formats",
                     "bf16", "--layers", "qkv,o_proj,gate_up,down", "--tokens", "128,1024,4096,32768", "--repeats",
                     "10"]),
@@ -42,12 +41,10 @@ CHECKS = {
     "spec": [(330, ["spec", "--device", "cuda", "--new-tokens", "256", "--repeats", "3", *SPEC_K]),
              (90, ["steps", "--model", "models/target", "--contexts", "1024", "--repeats", "40", *LOOPS]),
              (150, ["dflash-step"])],
-    # issue 29's table: 1,024 tokens against cuBLAS linears and the peers, INT8 (W8A16 and dequantized) against BF16,
-    # the stream-K prefill GEMMs; 8k / 32k against cuBLAS linears, the follow-up turn; INT8 at 50 and 256 tokens (its
-    # target there: >= BF16)
+    # issue 29's table: 1,024 tokens against cuBLAS linears and the peers, INT8 (W8A16 and dequantized) against BF16;
+    # 8k / 32k against cuBLAS linears, the follow-up turn; INT8 at 50 and 256 tokens (its target there: >= BF16)
     "ttft": [(260, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", *TTFT_NAMES, "--variant", "int8",
-                    "--variant", "int8+options.triton.int8_prefill_dequant=512",
-                    "--variant", "default+options.triton.stream_k=true", "--workload", "prefill1024"]),
+                    "--variant", "int8+options.triton.int8_prefill_dequant=512", "--workload", "prefill1024"]),
              (180, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "torch-matmul", "--workload",
                     "prefill8192", "--workload", "prefill32768", "--workload", "prefill50", "--workload",
                     "prefill50_after4000", "--no-peers"]),
@@ -104,24 +101,19 @@ CHECKS = {
     "attention": [(300, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--repeats", "20"]),
                   (180, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--page-size", "128",
                          "--prefill-tiles", "rule,128x64,128x128", "--repeats", "20"])],
-    # what settles issue 29 where device time is scarce: stream-K's GPU cases and the fragments layout under the
-    # W8A16 rule's tiles, stream-K against the rule at the N = 2,560 layers, then the engine's prefill with it
-    # against cuBLAS linears and INT8 (W8A16, dequantized) at 50 to 8,192 tokens
-    "prefill": [(100, ["gpu-tests", "tests/backends/triton/test_linear_gemm_streamk.py",
-                       "tests/backends/triton/test_linear_layout.py", "--workers", "4", "--seconds", "90"]),
-                (110, ["kernels", "linear", "--sweep", "--sweep-filter", "stream_k", "--models", "Qwen3-4B",
-                       "--formats", "bf16", "--layers", "o_proj,down", "--tokens", "1024,4096", "--repeats", "10"]),
+    # issue 29's prefill where device time is scarce: the fragments layout's GPU cases under the W8A16 rule's tiles,
+    # then the engine's prefill against cuBLAS linears and INT8 (W8A16, dequantized) at 50 to 8,192 tokens
+    "prefill": [(100, ["gpu-tests", "tests/backends/triton/test_linear_layout.py", "--workers", "4", "--seconds",
+                       "90"]),
                 (200, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
-                       "torch-matmul", "--variant", "default+options.triton.stream_k=true", "--variant", "int8",
-                       "--variant", "int8+options.triton.int8_prefill_dequant=512", "--workload", "prefill1024",
-                       "--no-peers", "--seconds", "2"]),
-                (130, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
-                       "default+options.triton.stream_k=true", "--variant", "int8", "--variant",
+                       "torch-matmul", "--variant", "int8", "--variant", "int8+options.triton.int8_prefill_dequant=512",
+                       "--workload", "prefill1024", "--no-peers", "--seconds", "2"]),
+                (130, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "int8", "--variant",
                        "int8+options.triton.int8_prefill_dequant=512", "--workload", "prefill50", "--workload",
                        "prefill256", "--workload", "prefill8192", "--no-peers", "--seconds", "1"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9, "prefill": 9}
+           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9, "prefill": 7}
 
 
 def step_argv(argv: list[str], extra: list[str]) -> list[str]:

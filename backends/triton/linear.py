@@ -25,7 +25,6 @@ from tileinfer.backends.triton import FLOAT_DTYPES, SMALL_STEP_MAX_TOKENS
 from tileinfer.backends.triton.interpreter import interpreted, sms_of
 from tileinfer.backends.triton.linear_gemm import launch_gemm
 from tileinfer.backends.triton.linear_gemm_persistent import launch_gemm_persistent, tma_ok
-from tileinfer.backends.triton.linear_gemm_streamk import streamk_launch
 from tileinfer.backends.triton.linear_gemv import launch_gemv
 from tileinfer.backends.triton.linear_layout import check_layout
 from tileinfer.backends.triton.linear_tiles import GemmConfig, GemvConfig, counters_needed, gemm_config, gemv_config
@@ -78,8 +77,8 @@ def linear(
       before waiting for the kernel before it. Same results bit for bit.
     - ``counters``: int32 zeros on x's device, at least as many as the launch counts on (a GEMV
       with ``fused_reduce``: one per column block, ``counters_needed`` for the rule's; a persistent
-      split tail: one per split tile; stream-K: one per program); every launch leaves them at
-      zero, so launches on one stream may share them. None: made for the call where needed.
+      split tail: one per split tile); every launch leaves them at zero, so launches on one stream
+      may share them. None: made for the call where needed.
     - ``int8_layout``: the int8 ``w``'s byte order (linear_layout.py): ``rows``, or ``fragments``
       (``pack_fragments`` of the rows: K and the tiles' block_k multiples of 64). The GEMMs give the
       same bits either way; the GEMV sums the same products in another order.
@@ -117,9 +116,7 @@ def linear(
                     frag)
     else:
         assert isinstance(cfg, GemmConfig), f"T > {SMALL_STEP_MAX_TOKENS} takes a GemmConfig, got {cfg}"
-        if cfg.stream_k:
-            streamk_launch(x, w, scale, out, residual, cfg, n_out, swiglu, dot_f32, counters, frag)()
-        elif cfg.persistent:
+        if cfg.persistent:
             launch_gemm_persistent(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, counters, frag)
         else:
             launch_gemm(x, w, scale, out, residual, cfg, n_out, i_off, swiglu, dot_f32, frag)
@@ -127,14 +124,13 @@ def linear(
 
 
 def rule_config(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, *, swiglu: bool = False,
-                out_dtype: torch.dtype | None = None, stream_k: bool = False) -> GemvConfig | GemmConfig:
+                out_dtype: torch.dtype | None = None) -> GemvConfig | GemmConfig:
     """The tiles :func:`linear` runs for these arguments without ``config``: ``gemv_config`` for T <=
     16 (at least ``INTERPRETER_BLOCK_N`` rows a program under the interpreter), else ``gemm_config``
     (the persistent TMA kernel's tiles where the device has TMA and the tensors allow descriptors,
     for 16-bit activations: its tiles and stages were measured for bf16, and float32 ones do not
-    fit in shared memory; with SwiGLU for int8 weights only, as measured; ``stream_k``: in their stream-K
-    form where ``gemm_config`` estimates it faster). A per-op chain that must equal a fused SwiGLU call
-    passes ``rule_config(x, w, scale, swiglu=True)`` to its plain call."""
+    fit in shared memory; with SwiGLU for int8 weights only, as measured). A per-op chain that must equal a fused
+    SwiGLU call passes ``rule_config(x, w, scale, swiglu=True)`` to its plain call."""
     T, K = x.shape
     n_w = w.shape[0]
     int8 = w.dtype == torch.int8  # a scaled weight in x's dtype takes the model-dtype tiles
@@ -145,15 +141,13 @@ def rule_config(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = N
         return cfg
     tma = x.element_size() == 2 and tma_supported(x.device) and tma_ok(x, w)
     return gemm_config(T, n_w, K, sms_of(x.device), int8=int8, swiglu=swiglu, tma=tma,
-                       out_bytes=(out_dtype or x.dtype).itemsize, stream_k=stream_k)
+                       out_bytes=(out_dtype or x.dtype).itemsize)
 
 
-def layer_counters(w: torch.Tensor, scale: torch.Tensor | None = None, *,
-                   stream_k: bool = False) -> torch.Tensor | None:
+def layer_counters(w: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor | None:
     """The split-K counters that :func:`linear` with the rule's tiles needs for the weight ``w``
-    at any T <= 16 and, with ``stream_k`` (``rule_config``'s), at any T (None where it needs none),
-    for the layer that owns the weight to hold and pass."""
-    needed = counters_needed(w.shape[0], w.shape[1], sms_of(w.device), int8=w.dtype == torch.int8, stream_k=stream_k)
+    at any T <= 16 (None where it needs none), for the layer that owns the weight to hold and pass."""
+    needed = counters_needed(w.shape[0], w.shape[1], sms_of(w.device), int8=w.dtype == torch.int8)
     return torch.zeros(needed, dtype=torch.int32, device=w.device) if needed else None
 
 

@@ -212,8 +212,8 @@ def _finish_tile(acc, gate, half, y_ptr, r_ptr, offs_m, offs_n, M, N, stride_ym,
 def _split_unit(acc, p_ptrs, piece, pieces, stride_ps, c_ptr, counter, arrivals, mask, y_ptr, r_ptr, offs_m, offs_n,
                 M, N, I_OFF, w_off, stride_ym, stride_rm, out_ty: tl.constexpr, SWIGLU: tl.constexpr,
                 RESIDUAL: tl.constexpr):
-    """The end of one piece of a tile split in K (a split tail's unit, a stream-K range's piece):
-    its float32 partial stored at ``p_ptrs + piece * stride_ps + w_off`` (``p_ptrs``: the tile's
+    """The end of one piece of a tile split in K (a split tail's unit): its float32 partial stored
+    at ``p_ptrs + piece * stride_ps + w_off`` (``p_ptrs``: the tile's
     elements in the workspace slot of its first piece; a SwiGLU tile's up partials ``I_OFF``
     columns on), then counted on ``counter``; the tile's last of ``arrivals`` adds its ``pieces``
     partials in piece order, stores the output tile through the epilogue and sets the counter back

@@ -51,8 +51,7 @@ class GemmConfig:
     (``persistent``) and its options: ``tma`` (x and weight tiles through TMA descriptors where the
     tensors allow them), ``flatten`` (``tl.range``'s, on the tile loop: the next tile's loads may be
     issued during this one's epilogue), ``split_rows`` / ``split_k`` (the last row blocks computed
-    in ranges of K; :func:`split_plan` is the rule), ``programs`` (the grid; 0: one per SM), and
-    ``stream_k`` (the stream-K schedule of linear_gemm_streamk.py: :func:`streamk_ranges`)."""
+    in ranges of K; :func:`split_plan` is the rule) and ``programs`` (the grid; 0: one per SM)."""
 
     block_m: int
     block_n: int
@@ -68,12 +67,11 @@ class GemmConfig:
     split_rows: int = 0
     split_k: int = 1
     programs: int = 0
-    stream_k: bool = False
 
     def __post_init__(self):
         assert self.int8_convert in INT8_CONVERTS, f"int8_convert is one of {', '.join(INT8_CONVERTS)}: {self}"
         options = dict(tma=self.tma, flatten=self.flatten, split_rows=self.split_rows, split_k=self.split_k != 1,
-                       programs=self.programs, stream_k=self.stream_k)
+                       programs=self.programs)
         set_without = [k for k, v in options.items() if v and not self.persistent]
         assert not set_without, f"{', '.join(set_without)} need persistent=True: {self}"
         assert self.split_rows >= 0 and self.split_k >= 1 and self.programs >= 0, f"bad split or programs: {self}"
@@ -83,10 +81,6 @@ class GemmConfig:
         # apart at the Qwen3 shapes) where the interpreter agrees with the twin; the measurement is in
         # docs/performance-log.md.
         assert not (self.swap_ab and self.split_rows), f"swap_ab and split_rows exclude each other: {self}"
-        # stream-K is a schedule of whole and split tiles of its own, untransposed (the transposed split
-        # tail's wrong sums above are not understood), its tile loop not flattened (an if in its body)
-        for option in ("split_rows", "swap_ab", "flatten"):
-            assert not (self.stream_k and getattr(self, option)), f"stream_k and {option} exclude each other: {self}"
 
 
 # -- the GEMV (T <= 16) --------------------------------------------------------------------------------
@@ -194,14 +188,11 @@ def gemv_split_k(N: int, K: int, block_n: int, block_k: int, sms: int = DEFAULT_
 
 
 @functools.lru_cache(maxsize=None)
-def counters_needed(N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: bool = False,
-                    stream_k: bool = False) -> int:
-    """The split-K counters (int32) that the rule's launches on an ``[N, K]`` weight need: at some T
-    <= 16 those of its GEMVs' ``fused_reduce`` (one per column block; 0 where it has none), and with
-    ``stream_k`` (the rule's stream-K GEMMs at any T) one per program: ``sms``."""
+def counters_needed(N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: bool = False) -> int:
+    """The split-K counters (int32, one per column block) that the rule's GEMVs on an ``[N, K]``
+    weight need at some T <= 16: those of its ``fused_reduce`` launches (0 where it has none)."""
     configs = [gemv_config(N, K, t, sms, int8=int8) for t in range(1, SMALL_STEP_MAX_TOKENS + 1)]
-    gemv = max([triton.cdiv(N, c.block_n) for c in configs if c.fused_reduce and c.split_k > 1], default=0)
-    return max(gemv, sms if stream_k else 0)
+    return max([triton.cdiv(N, c.block_n) for c in configs if c.fused_reduce and c.split_k > 1], default=0)
 
 
 # -- the GEMM (T > 16) ---------------------------------------------------------------------------------
@@ -245,7 +236,7 @@ SWAP_AB = {"none": False, "int8": True}
 
 @functools.lru_cache(maxsize=None)
 def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: bool = False, swiglu: bool = False,
-                tma: bool = False, out_bytes: int = 2, stream_k: bool = False) -> GemmConfig:
+                tma: bool = False, out_bytes: int = 2) -> GemmConfig:
     """Tile of the GEMM for ``M`` > 16 rows on a weight of ``N`` rows (2I for the fused SwiGLU weight).
 
     Rule: for each candidate of the format's ``GEMM_TILES`` (and with ``tma`` ``PERSISTENT_TILES``,
@@ -255,23 +246,19 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
     ties go to the earlier tile. GROUP_M = 8; BLOCK_K shrinks to next_pow2(K) for small K (never
     below 32). ``out_bytes``: the output's element size (a BF16 persistent tile loop is flattened
     only where its epilogue tile fits in shared memory beside the pipeline's stages; a W8A16 one never:
-    ``FLATTEN``). ``stream_k`` (``options.triton.stream_k``): a persistent tile that GemmConfig allows
-    in stream-K (untransposed, no SwiGLU) takes it where :func:`streamk_pays`, not flattened."""
+    ``FLATTEN``)."""
     fmt = "int8" if int8 else "none"
     persistent = (PERSISTENT_SWIGLU_TILES if swiglu else PERSISTENT_TILES)[fmt] if tma else ()
     best, best_cost = None, None
     for n, (bm, bn, bk, warps, stages, speed) in enumerate(GEMM_TILES[fmt] + persistent):
         cost = triton.cdiv(triton.cdiv(M, bm) * triton.cdiv(N, bn), sms) * bm * bn / speed
         if best_cost is None or cost < best_cost:
-            best, best_cost = (bm, bn, bk, warps, stages, speed, n >= len(GEMM_TILES[fmt])), cost
-    bm, bn, bk, warps, stages, speed, is_persistent = best
+            best, best_cost = (bm, bn, bk, warps, stages, n >= len(GEMM_TILES[fmt])), cost
+    bm, bn, bk, warps, stages, is_persistent = best
     bk = min(bk, max(32, triton.next_power_of_2(K)))
     if not is_persistent:
         return GemmConfig(bm, bn, bk, 8, warps, stages, swap_ab=SWAP_AB[fmt])
     flatten = FLATTEN[fmt] and stages * (bm + bn) * bk * 2 + bm * bn * out_bytes <= SMEM_BYTES
-    hidden = 2 * bm * bn * out_bytes if flatten else 0  # an epilogue's bytes (store, residual) a flattened loop hides
-    if stream_k and not (swiglu or SWAP_AB[fmt]) and streamk_pays(M, N, K, bm, bn, bk, speed, sms, hidden):
-        return GemmConfig(bm, bn, bk, 8, warps, stages, persistent=True, tma=True, stream_k=True)
     return GemmConfig(bm, bn, bk, 8, warps, stages, swap_ab=SWAP_AB[fmt], persistent=True, tma=True, flatten=flatten)
 
 
@@ -337,53 +324,6 @@ def split_plan(M: int, n_w: int, K: int, block_m: int, block_n: int, block_k: in
     return best
 
 
-# -- the persistent GEMM's stream-K schedule ----------------------------------------------------------------
-
-# Stream-K's cost model (estimates, to be fitted to `python -m bench check gemm`'s sweep): a BLOCK_K step of a
-# BM x BN tile costs 2 BM BN BK / (SM_FLOPS x speed) (speed: the tile's throughput in the tables above; the 128 x
-# 256 tile's 1.22 gives 5.4 TFLOP/s an SM, about Qwen3-4B's gate_up at T = 1,024 on an H100: ~700 TFLOP/s, 5.3 an
-# SM). The plain persistent schedule's busiest program takes cdiv(tiles, P) x k_tiles steps; stream-K's takes
-# (dp_tiles / P) x k_tiles + cdiv(I, P) steps (:func:`streamk_ranges`), plus, where a tile is split, one fix-up:
-# a float32 partial tile written and two read at one SM's L2 bandwidth (STREAMK_SM_BYTES_PER_S, a guess) and
-# STREAMK_SYNC_US (the counter's atomic and the barriers, a guess); and where the plain loop is flattened (its
-# epilogues overlap the next tile's loads) stream-K's, which is not, pays each of its cdiv(tiles, P) tiles'
-# epilogue bytes (a store and a residual read) at that bandwidth. Qwen3-4B at T = 1,024, 128 x 256 tiles on 132
-# SMs: down 152 -> 93 steps + 4.9 + 1.3 us, o_proj 64 -> 39 steps + 4.9 + 1.3 us (a step: 0.78 us).
-STREAMK_SM_BYTES_PER_S = 100e9
-STREAMK_SYNC_US = 1.0
-
-
-@functools.lru_cache(maxsize=None)
-def streamk_ranges(tiles: int, k_tiles: int, programs: int) -> tuple[int, int, int, int]:
-    """``(dp_tiles, programs, q, r)``: the stream-K schedule of ``tiles`` output tiles of ``k_tiles``
-    BLOCK_K steps each on at most ``programs`` programs. With at least two waves of tiles, the first
-    ``dp_tiles`` (all but the last ``tiles % P + P``, a multiple of P) go round-robin, each whole in
-    one program; the others' I = (tiles - dp_tiles) x k_tiles steps (the region, in tile order) go
-    to ``programs`` = min(P, I) programs in contiguous ranges: q + 1 steps for the first ``r``, q for
-    the others (program p's first step is p q + min(p, r))."""
-    dp_tiles = (tiles // programs - 1) * programs if tiles >= 2 * programs else 0
-    steps = (tiles - dp_tiles) * k_tiles
-    programs = min(programs, steps)
-    q, r = divmod(steps, programs)
-    return dp_tiles, programs, q, r
-
-
-@functools.lru_cache(maxsize=None)
-def streamk_pays(M: int, N: int, K: int, block_m: int, block_n: int, block_k: int, speed: float, sms: int,
-                 hidden_bytes: int = 0) -> bool:
-    """Whether the stream-K schedule of these tiles is estimated faster than the plain persistent
-    one (the cost model above; equal estimates keep the plain schedule). ``hidden_bytes``: a tile
-    epilogue's bytes that the plain schedule hides (its loop flattened; else 0)."""
-    tiles, k_tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n), triton.cdiv(K, block_k)
-    dp_tiles, programs, q, r = streamk_ranges(tiles, k_tiles, sms)
-    step_us = 2 * block_m * block_n * block_k / (SM_FLOPS * speed) * 1e6
-    split = r > 0 or q % k_tiles > 0
-    fixup_us = 3 * block_m * block_n * 4 / STREAMK_SM_BYTES_PER_S * 1e6 + STREAMK_SYNC_US if split else 0.0
-    epilogues_us = triton.cdiv(tiles, sms) * hidden_bytes / STREAMK_SM_BYTES_PER_S * 1e6
-    streamk_us = (dp_tiles // programs * k_tiles + q + (r > 0)) * step_us + fixup_us + epilogues_us
-    return streamk_us < triton.cdiv(tiles, sms) * k_tiles * step_us
-
-
 __all__ = ["GEMM_TILES", "GEMV_RULES", "LM_HEAD_ROWS", "PERSISTENT_SWIGLU_TILES", "PERSISTENT_TILES", "WEIGHT_FORMATS",
            "GemmConfig", "GemvConfig", "GemvRule", "balance", "counters_needed", "gemm_config", "gemv_config",
-           "gemv_split_k", "split_plan", "streamk_pays", "streamk_ranges"]
+           "gemv_split_k", "split_plan"]

@@ -19,10 +19,10 @@ the persistent kernel): the comparison that re-times the prefill rule (``--token
 Columns: those times, GB/s (weight + scales + activation + output bytes over time), that as a
 fraction of the copy bandwidth (measured in the same run), TFLOP/s at T > 16. ``--sweep`` also times
 other tiles per shape (``sweep_configs``: GEMV tiles, split-K with and without the fused reduce,
-the GEMM's tiles, the persistent kernel's with TMA, flattened loops, split tails and the stream-K
-schedule; for int8 the rule's tile with Triton's plain cast and with the byte-permute conversion,
-``int8_convert`` ``cast`` / ``permute``), each with its max error against the twin; ``--sweep-filter
-WORD`` keeps the swept configs whose description (as printed) holds WORD.
+the GEMM's tiles, the persistent kernel's with TMA, flattened loops and split tails; for int8 the
+rule's tile with Triton's plain cast and with the byte-permute conversion, ``int8_convert`` ``cast``
+/ ``permute``), each with its max error against the twin; ``--sweep-filter WORD`` keeps the swept
+configs whose description (as printed) holds WORD.
 A kernel-level peer at T = 1 and 16 for int8: gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
 built from the same weights and scales; its own kernel choice and autotuning, untimed), or the
 reason it does not import (it needs a GPU to import; bench/device.sh carries it).
@@ -58,15 +58,13 @@ LAYOUT = {"bf16": "rows", "int8": "rows", "int8f": "fragments", "int8d": "rows"}
 LAYERS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 GEMLITE_TOKENS = (1, 16)  # the step sizes gemlite's A16W8 is timed at (decode, a 16-token verify step)
 # Persistent GEMM candidates for T > 16: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, options);
-# "split" takes split_plan's rows and K splits for the shape (left out where the plan does not split); "streamk" the
-# stream-K schedule (options.triton.stream_k's form of a tile).
+# "split" takes split_plan's rows and K splits for the shape (left out where the plan does not split).
 PERSISTENT_TILES = {
     "bf16": [(128, 128, 64, 8, 3, "tma"), (128, 128, 64, 8, 4, "tma"), (128, 128, 64, 8, 3, "tma flatten"),
              (128, 128, 64, 8, 4, "tma flatten"), (128, 128, 64, 8, 3, ""), (128, 128, 64, 8, 3, "tma split"),
              (128, 256, 64, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma flatten"), (128, 256, 64, 8, 3, "tma split"),
              (128, 128, 128, 8, 3, "tma"), (128, 128, 64, 4, 4, "tma"), (128, 64, 64, 4, 4, "tma split"),
-             (64, 128, 64, 4, 4, "tma split"), (128, 256, 64, 8, 3, "tma streamk"),
-             (128, 128, 64, 8, 4, "tma streamk")],
+             (64, 128, 64, 4, 4, "tma split")],
     # int8 transposed (swap_ab) but the split tail, which GemmConfig allows only untransposed
     "int8": [(128, 128, 64, 8, 3, "tma swap"), (128, 128, 128, 8, 3, "tma swap"), (128, 64, 128, 4, 3, "tma swap"),
              (128, 128, 64, 8, 3, "tma flatten swap"), (128, 128, 64, 8, 3, "swap"), (128, 256, 64, 8, 3, "tma"),
@@ -150,8 +148,7 @@ def sweep_configs(n: int, k: int, t: int, sms: int, fmt: str, swiglu: bool = Fal
         for bm, bn, bk, w, s, _ in GEMM_TILES["int8" if int8 else "none"][:2]:
             yield GemmConfig(bm, bn, bk, 8, w, s, swap_ab=int8)
         for bm, bn, bk, w, s, options in PERSISTENT_TILES[fmt]:
-            opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, swap_ab="swap" in options,
-                        stream_k="streamk" in options)
+            opts = dict(persistent=True, tma="tma" in options, flatten="flatten" in options, swap_ab="swap" in options)
             if "split" in options:
                 rows, splits = split_plan(t, n, k, bm, bn, bk, sms)
                 if rows == 0:
@@ -189,7 +186,7 @@ def sweep(fn, weights, configs, expected: torch.Tensor, moved: int, bandwidth: f
 def describe(c: dict) -> str:
     name = "x".join(str(c[f]) for f in (("block_m", "block_n", "block_k") if "block_m" in c else ("block_n", "block_k")))
     name += f" w{c['num_warps']} s{c['num_stages']}" + "".join(
-        f" {f}" for f in ("persistent", "tma", "flatten", "swap_ab", "stream_k", "fused_reduce") if c.get(f))
+        f" {f}" for f in ("persistent", "tma", "flatten", "swap_ab", "fused_reduce") if c.get(f))
     name += " ws" if c.get("warp_specialize") else ""  # in records: the warp-specialized tiles that faulted
     name += f" split{c['split_k']}" if c.get("split_k", 1) > 1 and "block_m" not in c else ""
     name += f" tail {c['split_rows']}x{c['split_k']}" if c.get("split_rows") else ""

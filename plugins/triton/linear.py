@@ -24,10 +24,6 @@ same products and scales, summed in the model-dtype tiles' order), in place of t
 in-register conversion bounds it at prefill. A linear whose output is not in the model dtype (the
 lm_head's float32 logits of a 16-bit model: 389 M weights at Qwen3-4B, 778 MB of scratch, for a
 prefill that computes one row) keeps the W8A16 GEMM.
-
-``stream_k``: the prefill GEMM's rule takes the stream-K form of its persistent tile where it
-estimates that whole tiles would leave SMs idle (backends/triton/linear_gemm_streamk.py), not for
-the fused SwiGLU; each layer then holds a counter per SM beside its GEMV counters.
 """
 
 from __future__ import annotations
@@ -75,11 +71,6 @@ class TritonLinear(Linear):
                "buffer and runs the model-dtype GEMM with the scales (the W8A16 arithmetic on the BF16 tiles); "
                "costs one buffer of the largest decoder weight in the model dtype (Qwen3-4B: 100 MB, 0.6B: "
                "13 MB), not in kv_capacity=auto's estimate; the lm_head keeps the W8A16 GEMM", minimum=0),
-        Option("stream_k", bool, False, "prefill GEMMs (T > 16, Hopper's persistent TMA kernel) in the stream-K "
-               "schedule where the rule's whole tiles would leave SMs idle (Qwen3-4B's o_proj and down at 1,024 "
-               "tokens: 80 tiles for 132 SMs): each SM takes an equal run of the tiles' K steps, tiles split between "
-               "SMs summed in K order from float32 partials (deterministic; not the unsplit kernel's bits). Not "
-               "for the fused SwiGLU. Not measured yet (python -m bench check gemm)"),
     )
 
     @classmethod
@@ -98,9 +89,6 @@ class TritonLinear(Linear):
         if dequant and (run.quantize != "int8" or run.options["matmul"] == "torch"):
             reasons.append(f"options.triton.int8_prefill_dequant is for int8 weights in the Triton GEMM, and quantize "
                            f"is {run.quantize}, matmul {run.options['matmul']}: set quantize=int8, matmul=triton")
-        if run.options["stream_k"] and run.options["matmul"] == "torch":
-            reasons.append("options.triton.stream_k is a schedule of the Triton GEMM, and matmul is torch: set "
-                           "matmul=triton or stream_k=false")
         if run.options["matmul"] == "torch" and run.options["fuse_epilogue"]:
             reasons.append("options.triton.matmul=torch runs the SwiGLU and residual add as kernels of their own: "
                            "set options.triton.fuse_epilogue=false")
@@ -120,8 +108,7 @@ class TritonLinear(Linear):
         else:
             self.weight = stored
         self.pdl = self.options["pdl"] and pdl_supported(weight.device)
-        # the GEMVs' split-K counters (and stream-K's), 0 between launches
-        self.counters = layer_counters(self._stored, self.scale, stream_k=self.options["stream_k"])
+        self.counters = layer_counters(self._stored, self.scale)  # the GEMVs' split-K counters, 0 between launches
         self.dequant_from, self.scratch = 0, None  # tokens from which calls take the dequantized GEMM
         if self.options["int8_prefill_dequant"] and self.scale is not None and self.out_dtype == self.dtype:
             self.dequant_from, self.scratch = self.options["int8_prefill_dequant"], shared(weight.device, self.dtype)
@@ -143,15 +130,12 @@ class TritonLinear(Linear):
         return values, "rows"
 
     def _config(self, x: torch.Tensor, w: torch.Tensor, swiglu: bool):
-        """The rule's tiles with ``options.triton.stream_k`` and, for int8 weights,
-        ``options.triton.int8_convert``; None (the rule's own choice, made by ``linear``) where
-        neither changes them."""
-        convert = w.dtype == torch.int8 and self.options["int8_convert"] != "bits"
-        stream_k = self.options["stream_k"] and x.shape[0] > SMALL_STEP_MAX_TOKENS  # a GEMM's schedule
-        if not (convert or stream_k):
+        """The rule's tiles with ``options.triton.int8_convert`` for int8 weights; None (the rule's own
+        choice, made by ``linear``) otherwise."""
+        if w.dtype != torch.int8 or self.options["int8_convert"] == "bits":
             return None
-        cfg = rule_config(x, w, self.scale, swiglu=swiglu, out_dtype=self.out_dtype, stream_k=stream_k)
-        return dataclasses.replace(cfg, int8_convert=self.options["int8_convert"]) if convert else cfg
+        cfg = rule_config(x, w, self.scale, swiglu=swiglu, out_dtype=self.out_dtype)
+        return dataclasses.replace(cfg, int8_convert=self.options["int8_convert"])
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         o, swiglu = self.options, self.epilogue == "swiglu"

@@ -6,8 +6,6 @@ sm_90 as ``linear`` launches it (no GPU), its record, and what the SASS shows.
   their A operand read from registers; BF16: both from shared memory) fed by TMA copies, no
   spills, shared memory within an H100's, not warp-specialized (the warps launched are those
   asked for).
-- The sweep's stream-K candidates (linear_gemm_streamk.py) at down and o_proj: the same main loop,
-  no spills, the other programs' partials read past L1.
 - The tool's record (kind ``gemm_build``) holds the figures it prints.
 
 The builds run in a subprocess: this session imported the kernels under TRITON_INTERPRET=1."""
@@ -112,42 +110,3 @@ def test_the_fragments_layout_reads_a_thread_s_weights_16_bytes_at_a_time(tmp_pa
     assert loads[lds] == steps * (16 if layout == "rows" else 2) and ("LDS.U16" in loads) == (layout == "rows"), loads
     # Triton 3.6, sm_90a: 364 (fragments) and 400 (rows) an iteration of two K steps
     assert loop["instructions"] < 190 * steps if layout == "fragments" else loop["instructions"] > 190 * steps, loop
-
-
-STREAMK_SCRIPT = r'''
-import json, sys
-sys.path.insert(0, ROOT)
-from bench.gemm_build import compile_gemm
-from bench.kernels.linear import PERSISTENT_TILES
-
-out = []
-for layer, tile in (("down", (128, 256, 64, 8, 3, "tma streamk")), ("o_proj", (128, 256, 64, 8, 3, "tma streamk")),
-                    ("down", (128, 128, 64, 8, 4, "tma streamk"))):
-    assert tile in PERSISTENT_TILES["bf16"], tile
-    bm, bn, bk, warps, stages, _ = tile
-    out.append(compile_gemm("Qwen3-4B", layer, 1024, block_m=bm, block_n=bn, block_k=bk, num_warps=warps,
-                            num_stages=stages, persistent=True, tma=True, flatten=False, stream_k=True))
-print(json.dumps(out))
-'''.replace("ROOT", repr(str(ROOT)))
-
-
-def test_stream_k_candidates_build_one_mma_loop_fed_by_tma(tmp_path):
-    """The sweep's stream-K candidates at Qwen3-4B's down and o_proj (residual): the stream-K kernel,
-    no spills, shared memory within an H100's, one main loop of MMAs fed by TMA copies (the K loop
-    of the persistent kernel's tile code), and L1-bypassing loads of the other programs' partials."""
-    from tileinfer.backends.triton.linear_tiles import SMEM_BYTES
-
-    path = tmp_path / "streamk.py"
-    path.write_text(STREAMK_SCRIPT)
-    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=no_interpreter(),
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    builds = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(builds) == 3
-    for b in builds:
-        assert b["kernel"] == "_gemm_streamk_kernel" and b["config"]["stream_k"], b["kernel"]
-        assert b["spill_stores"] == 0 and b["shared_bytes"] <= SMEM_BYTES and b["warps"] == 8, b
-        (loop,) = b["main_loops"]
-        assert loop["hgmma"] and all(k.endswith("A=shared") for k in loop["hgmma"]), loop
-        assert any(op.startswith("UTMALDG") for op in loop["groups"]["copies"]), loop
-        assert any(op.endswith("STRONG.GPU") for op in b["copies"]), b["copies"]
