@@ -189,10 +189,15 @@ def gemv_split_k(N: int, K: int, block_n: int, block_k: int, sms: int = DEFAULT_
 
 @functools.lru_cache(maxsize=None)
 def counters_needed(N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: bool = False) -> int:
-    """The split-K counters (int32, one per column block) that the rule's GEMVs on an ``[N, K]``
-    weight need at some T <= 16: those of its ``fused_reduce`` launches (0 where it has none)."""
+    """The split-K counters (int32) that the rule's launches on an ``[N, K]`` weight need at any T:
+    one per column block of its GEMVs' ``fused_reduce`` launches (T <= 16) and one per tile of its
+    GEMMs' split tails (plain, not SwiGLU: T up to the largest persistent BLOCK_M, with TMA); 0
+    where it has neither."""
     configs = [gemv_config(N, K, t, sms, int8=int8) for t in range(1, SMALL_STEP_MAX_TOKENS + 1)]
-    return max([triton.cdiv(N, c.block_n) for c in configs if c.fused_reduce and c.split_k > 1], default=0)
+    gemv = max([triton.cdiv(N, c.block_n) for c in configs if c.fused_reduce and c.split_k > 1], default=0)
+    rows = max(t[0] for t in PERSISTENT_TILES["int8" if int8 else "none"])
+    gemms = [gemm_config(m, N, K, sms, int8=int8, tma=True) for m in range(SMALL_STEP_MAX_TOKENS + 1, rows + 1)]
+    return max([gemv] + [c.split_rows * triton.cdiv(N, c.block_n) for c in gemms if c.split_rows])
 
 
 # -- the GEMM (T > 16) ---------------------------------------------------------------------------------
@@ -223,12 +228,29 @@ GEMM_TILES = {
 # 2,056 / 1,618 / 1,509: throughputs 1.24-1.34 and 1.30-1.37 (BLOCK_K 64 tiles: 1.01-1.09, flattened
 # 0.80-0.88). Its fused SwiGLU takes the persistent 128 x 128 x 128 tile (345.1 us against 254.0; 128 x
 # 256: 411.2): PERSISTENT_SWIGLU_TILES.
+# Short prompts (linear@b95a693, H100, T = 50 and 256, Qwen3-4B / 0.6B): the non-persistent W8A16 tiles took
+# 1.3-2.4x the best persistent one on every layer but the 4B gate_up (4B o_proj at T = 256: 45.2 against 22.9 us),
+# so with TMA the W8A16 rule chooses among the persistent tiles only (``PERSISTENT_ONLY``), which gain 128 x 64
+# and 64 x 128 tiles of 4 warps, throughputs 0.93 and 0.80 fitted at T = 1,024 (linear@3b3f30c: qkv 89.7 / 104.0
+# us, o_proj 68.1 / 79.2, down 151.2 / 174.9 and the fused SwiGLU 344.0 / 417.9 against the 128 x 128 tile's
+# 63.8, 65.5, 149.2 and 254.0 at 3, 2, 2 and 10 waves). The rule's pick costs Qwen3-4B's four layers (fused
+# SwiGLU) 114.9 us at T = 50 and 198.5 at T = 256 where the old one cost 185.8 and 272.1 (best swept: 111.2
+# and 197.3); Qwen3-0.6B 51.8 and 66.9 against 66.4 and 82.5. T = 1,024's picks are unchanged.
 PERSISTENT_TILES = {
     "none": ((128, 256, 64, 8, 3, 1.22), (128, 128, 64, 8, 4, 1.09)),
-    "int8": ((128, 256, 128, 8, 3, 1.35), (128, 128, 128, 8, 3, 1.30)),
+    "int8": ((128, 256, 128, 8, 3, 1.35), (128, 128, 128, 8, 3, 1.30), (128, 64, 128, 4, 3, 0.93),
+             (64, 128, 128, 4, 3, 0.80)),
 }
-PERSISTENT_SWIGLU_TILES = {"none": (), "int8": ((128, 128, 128, 8, 3, 1.36),)}
+PERSISTENT_SWIGLU_TILES = {"none": (), "int8": ((128, 128, 128, 8, 3, 1.36), (128, 64, 128, 4, 3, 0.93),
+                                                (64, 128, 128, 4, 3, 0.80))}
+PERSISTENT_ONLY = {"none": False, "int8": True}
 FLATTEN = {"none": True, "int8": False}
+# Prompts of one row block (M <= BLOCK_M) where the W8A16 plain tile's grid does not fill the SMs: K split by
+# :func:`split_plan` (the split tail, untransposed), measured at T = 50 on the layers where it splits: Qwen3-4B
+# o_proj 17.2 against 22.6 us transposed and unsplit, down 30.3 against 49.1; Qwen3-0.6B o_proj 10.9 / 12.3,
+# down 11.5 / 16.8. With two row blocks (T = 256) the split lost: 4B down 56.9 against 49.1. BF16 keeps its
+# rule (its split tails won on down only: 30.3 against 45.3 us at 4B, T = 50; lost on o_proj).
+SPLIT_ONE_ROW_BLOCK = {"none": False, "int8": True}
 # The W8A16 GEMM computes its tiles transposed (swap_ab): on an H200 at the Qwen3-4B layers for T = 1,024,
 # 3-23 % faster on every layer with the rule's tile (linear@a1a4273; the SwiGLU form was not swept).
 SWAP_AB = {"none": False, "int8": True}
@@ -239,25 +261,33 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
                 tma: bool = False, out_bytes: int = 2) -> GemmConfig:
     """Tile of the GEMM for ``M`` > 16 rows on a weight of ``N`` rows (2I for the fused SwiGLU weight).
 
-    Rule: for each candidate of the format's ``GEMM_TILES`` (and with ``tma`` ``PERSISTENT_TILES``,
-    or ``PERSISTENT_SWIGLU_TILES`` for ``swiglu``), cost = waves x tile cost, with waves =
-    cdiv(tiles, SMs) (one resident tile per SM), tiles = cdiv(M, BM) * cdiv(N, BN) (padded rows and columns cost as much as real
-    ones) and tile cost = BM * BN / throughput (K is common to all candidates). The cheapest wins;
-    ties go to the earlier tile. GROUP_M = 8; BLOCK_K shrinks to next_pow2(K) for small K (never
-    below 32). ``out_bytes``: the output's element size (a BF16 persistent tile loop is flattened
-    only where its epilogue tile fits in shared memory beside the pipeline's stages; a W8A16 one never:
-    ``FLATTEN``)."""
+    Rule: for each candidate of the format's ``GEMM_TILES`` (none with ``tma`` where the format is
+    ``PERSISTENT_ONLY``) and with ``tma`` ``PERSISTENT_TILES`` (``PERSISTENT_SWIGLU_TILES`` for
+    ``swiglu``), cost = waves x tile cost, with waves = cdiv(tiles, SMs) (one resident tile per SM),
+    tiles = cdiv(M, BM) * cdiv(N, BN) (padded rows and columns cost as much as real ones) and tile
+    cost = BM * BN / throughput (K is common to all candidates). The cheapest wins; ties go to the
+    earlier tile. GROUP_M = 8; BLOCK_K shrinks to next_pow2(K) for small K (never below 32).
+    ``out_bytes``: the output's element size (a BF16 persistent tile loop is flattened only where
+    its epilogue tile fits in shared memory beside the pipeline's stages; a W8A16 one never:
+    ``FLATTEN``). A persistent plain tile of a ``SPLIT_ONE_ROW_BLOCK`` format with M <= BLOCK_M takes
+    :func:`split_plan`'s split tail where it splits (then untransposed)."""
     fmt = "int8" if int8 else "none"
     persistent = (PERSISTENT_SWIGLU_TILES if swiglu else PERSISTENT_TILES)[fmt] if tma else ()
+    plain = () if persistent and PERSISTENT_ONLY[fmt] else GEMM_TILES[fmt]
     best, best_cost = None, None
-    for n, (bm, bn, bk, warps, stages, speed) in enumerate(GEMM_TILES[fmt] + persistent):
+    for n, (bm, bn, bk, warps, stages, speed) in enumerate(plain + persistent):
         cost = triton.cdiv(triton.cdiv(M, bm) * triton.cdiv(N, bn), sms) * bm * bn / speed
         if best_cost is None or cost < best_cost:
-            best, best_cost = (bm, bn, bk, warps, stages, n >= len(GEMM_TILES[fmt])), cost
+            best, best_cost = (bm, bn, bk, warps, stages, n >= len(plain)), cost
     bm, bn, bk, warps, stages, is_persistent = best
     bk = min(bk, max(32, triton.next_power_of_2(K)))
     if not is_persistent:
         return GemmConfig(bm, bn, bk, 8, warps, stages, swap_ab=SWAP_AB[fmt])
+    if SPLIT_ONE_ROW_BLOCK[fmt] and not swiglu and M <= bm:
+        split_rows, split_k = split_plan(M, N, K, bm, bn, bk, sms)
+        if split_rows:
+            return GemmConfig(bm, bn, bk, 8, warps, stages, persistent=True, tma=True, split_rows=split_rows,
+                              split_k=split_k)
     flatten = FLATTEN[fmt] and stages * (bm + bn) * bk * 2 + bm * bn * out_bytes <= SMEM_BYTES
     return GemmConfig(bm, bn, bk, 8, warps, stages, swap_ab=SWAP_AB[fmt], persistent=True, tma=True, flatten=flatten)
 

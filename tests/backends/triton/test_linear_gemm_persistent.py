@@ -350,7 +350,7 @@ def test_gpu_int8_decoder_use(name, option, swap_ab, T):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [17, 256, 1024, 4096])
+@pytest.mark.parametrize("T", [17, 50, 128, 256, 1024, 4096])
 @pytest.mark.parametrize("name", list(QWEN3_LINEARS))
 def test_gpu_int8_rule_tiles_in_decoder_use(name, T):
     """The W8A16 rule's own tiles (the persistent BLOCK_K 128 ones where it takes them): the call

@@ -13,6 +13,7 @@ from tileinfer.backends.triton import linear as triton_linear
 from tileinfer.backends.triton.linear import rule_config
 from tileinfer.backends.triton.linear_tiles import (
     GEMM_TILES,
+    PERSISTENT_SWIGLU_TILES,
     PERSISTENT_TILES,
     SMEM_BYTES,
     GemvConfig,
@@ -116,6 +117,30 @@ def test_persistent_gemm_where_tma_is_there(name):
         assert q.persistent and q.tma and q.block_n == (128 if name == "4B.qkv" else 256)
         assert gemm_config(1024, N, K, tma=True, int8=True, swiglu=True).block_n == 128
     assert not gemm_config(1024, N, K, int8=True).persistent  # no TMA: the tiled kernel
+
+
+@pytest.mark.parametrize("M", [17, 50, 64, 65, 128, 129, 256])
+@pytest.mark.parametrize("name", [n for n in QWEN3_LINEARS if not n.endswith("lm_head")])
+def test_w8a16_short_prompts_with_tma(name, M):
+    """W8A16 with TMA: persistent tiles only, at any M; a plain launch of one row block splits K where
+    the grid leaves SMs idle (the 4B o_proj and down at T = 50, measured), untransposed; a SwiGLU launch
+    and two row blocks never split; the layer's counters cover every split tail."""
+    N, K = QWEN3_LINEARS[name]
+    swiglu = name.endswith("gate_up")
+    cfg = gemm_config(M, N, K, int8=True, tma=True, swiglu=swiglu)
+    tiles = PERSISTENT_SWIGLU_TILES["int8"] if swiglu else PERSISTENT_TILES["int8"]
+    assert cfg.persistent and cfg.tma and not cfg.flatten
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) in [t[:5] for t in tiles]
+    if cfg.split_rows:
+        assert M <= cfg.block_m and not swiglu and not cfg.swap_ab and cfg.split_k >= 2 and cfg.split_rows == 1
+        assert counters_needed(N, K, int8=True) >= -(-N // cfg.block_n)
+    else:
+        assert cfg.swap_ab
+    if name in ("4B.o_proj", "4B.down") and M <= 128:
+        assert cfg.split_rows == 1
+    if name == "4B.qkv" or M > 128:
+        assert cfg.split_rows == 0
+    assert gemm_config(M, N, K, int8=True).persistent is False  # no TMA: the tiled kernel
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
