@@ -48,8 +48,9 @@ CHECKS = {
              (180, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "torch-matmul", "--workload",
                     "prefill8192", "--workload", "prefill32768", "--workload", "prefill50", "--workload",
                     "prefill50_after4000", "--no-peers"]),
-             (100, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
-                    "int8", "--workload", "prefill50", "--workload", "prefill256", "--no-peers"])],
+             (140, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
+                    "int8", "--workload", "prefill50", "--workload", "prefill64", "--workload", "prefill128",
+                    "--workload", "prefill256", "--no-peers"])],
     "persistent": [(500, ["steps", "--variant", "default", "--variant", "persistent",
                           "--variant", "persistent+options.persistent.stages=1",
                           "--variant", "persistent+options.persistent.split_k=1",
@@ -101,19 +102,16 @@ CHECKS = {
     "attention": [(300, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--repeats", "20"]),
                   (180, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--page-size", "128",
                          "--prefill-tiles", "rule,128x64,128x128", "--repeats", "20"])],
-    # issue 29's prefill where device time is scarce: the fragments layout's GPU cases under the W8A16 rule's tiles,
-    # then the engine's prefill against cuBLAS linears and INT8 (W8A16, dequantized) at 50 to 8,192 tokens
-    "prefill": [(100, ["gpu-tests", "tests/backends/triton/test_linear_layout.py", "--workers", "4", "--seconds",
-                       "90"]),
-                (200, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
-                       "torch-matmul", "--variant", "int8", "--variant", "int8+options.triton.int8_prefill_dequant=512",
-                       "--workload", "prefill1024", "--no-peers", "--seconds", "2"]),
-                (130, ["matrix", "--shape", "Qwen3-4B", "--variant", "default", "--variant", "int8", "--variant",
-                       "int8+options.triton.int8_prefill_dequant=512", "--workload", "prefill50", "--workload",
-                       "prefill256", "--workload", "prefill8192", "--no-peers", "--seconds", "1"])],
+    # issue 29's short prompts: the W8A16 rule's GPU cases (its split tails and fragments layout, graphed prefill),
+    # then its layers at 50 to 1,024 tokens against the BF16 Triton GEMM and cuBLAS (`check ttft` has the engine's)
+    "prefill": [(150, ["gpu-tests", "tests/backends/triton/test_linear_gemm_persistent.py",
+                       "tests/backends/triton/test_linear_layout.py", "tests/core/test_prefill_graphs.py", "-k",
+                       "int8 or split or graphed or fragments", "--workers", "4", "--seconds", "140"]),
+                (120, ["kernels", "linear", "--models", "Qwen3-0.6B,Qwen3-4B", "--formats", "int8", "--layers",
+                       "qkv,o_proj,gate_up,down", "--tokens", "50,64,128,256,1024", "--repeats", "10"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9, "prefill": 7}
+           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9, "prefill": 5}
 
 
 def step_argv(argv: list[str], extra: list[str]) -> list[str]:

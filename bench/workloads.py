@@ -24,8 +24,8 @@ Workloads (``workloads()``):
   unless told otherwise; ``ALL_NAMES`` holds every name). Like every prefill row, also given as
   TFLOP/s and a fraction of the measured matmul peak (bench/shapes.py: ``2 x`` the layers'
   parameters ``x`` tokens, the lm_head for the last token, causal attention);
-- ``prefill256``: the same for a 256-token prompt (short prompts: INT8 weights' target there is
-  BF16's time);
+- ``prefill64``, ``prefill128``, ``prefill256``: the same for 64-, 128- and 256-token prompts (short
+  prompts: INT8 weights' target there is BF16's time);
 - ``prefill50``, ``prefill50_after4000``: time to first token of a 50-token prompt, and of a
   chat's follow-up turn: 50 new tokens after a 4,000-token history that the previous generation
   left in the KV cache (each sample first generates one token after the history, then times the
@@ -160,7 +160,7 @@ class Workload:
 WARMUP_TOKENS = 8
 NAMES = ("prefill1024", "decode128_ctx1024", "decode128_ctx8192", "decode128_ctx32768")  # the default matrix
 # time to first token, when asked for: long prompts, a short one and a follow-up turn after a history
-TTFT_NAMES = ("prefill8192", "prefill32768", "prefill50", "prefill256", "prefill50_after4000")
+TTFT_NAMES = ("prefill8192", "prefill32768", "prefill50", "prefill64", "prefill128", "prefill256", "prefill50_after4000")
 # decoding under a JSON schema, beside decode128_ctx1024 (the target: >= 0.95x its rate; with proposer=ngram, faster)
 JSON_NAMES = ("decode128_json_ctx1024",)
 ALL_NAMES = NAMES + TTFT_NAMES + JSON_NAMES
@@ -172,7 +172,7 @@ def workloads(short: bool = False) -> dict[str, Workload]:
     """Every workload by name, at full size or (``short``) at the CPU smoke sizes."""
     full = {"prefill1024": (1024, 1), "decode128_ctx1024": (1024, 128), "decode128_ctx8192": (8192, 128),
             "decode128_ctx32768": (32768, 128), "prefill8192": (8192, 1), "prefill32768": (32768, 1),
-            "prefill50": (50, 1), "prefill256": (256, 1)}
+            "prefill50": (50, 1), "prefill64": (64, 1), "prefill128": (128, 1), "prefill256": (256, 1)}
     out = {name: Workload(name, p // 32 if short else p, min(n, 8) if short else n) for name, (p, n) in full.items()}
     history = 4000 // 32 if short else 4000
     out["prefill50_after4000"] = Workload("prefill50_after4000", history + 50, 1, cached=history)
