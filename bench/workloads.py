@@ -160,7 +160,8 @@ class Workload:
 WARMUP_TOKENS = 8
 NAMES = ("prefill1024", "decode128_ctx1024", "decode128_ctx8192", "decode128_ctx32768")  # the default matrix
 # time to first token, when asked for: long prompts, a short one and a follow-up turn after a history
-TTFT_NAMES = ("prefill8192", "prefill32768", "prefill50", "prefill64", "prefill128", "prefill256", "prefill50_after4000")
+TTFT_NAMES = ("prefill8192", "prefill32768", "prefill50", "prefill64", "prefill128", "prefill256",
+              "prefill50_after4000")
 # decoding under a JSON schema, beside decode128_ctx1024 (the target: >= 0.95x its rate; with proposer=ngram, faster)
 JSON_NAMES = ("decode128_json_ctx1024",)
 ALL_NAMES = NAMES + TTFT_NAMES + JSON_NAMES

@@ -209,7 +209,8 @@ def counters_needed(N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: bool = 
 # against 3 (o_proj: 52 against 59 us). The int8 rows have 128-byte weight rows in the smaller tiles;
 # their throughputs are the BF16 ones (not measured apart).
 GEMM_TILES = {
-    "none": ((128, 128, 64, 8, 3, 1.00), (64, 128, 64, 4, 4, 0.70), (128, 64, 64, 4, 4, 0.65), (64, 64, 64, 4, 4, 0.50)),
+    "none": ((128, 128, 64, 8, 3, 1.00), (64, 128, 64, 4, 4, 0.70), (128, 64, 64, 4, 4, 0.65),
+             (64, 64, 64, 4, 4, 0.50)),
     "int8": ((128, 128, 64, 8, 3, 1.00), (64, 128, 128, 4, 3, 0.70), (128, 64, 128, 4, 3, 0.65),
              (64, 64, 128, 4, 3, 0.50)),
 }
