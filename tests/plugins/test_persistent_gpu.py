@@ -94,8 +94,13 @@ def test_rows_are_the_same_bits_in_a_1_and_a_16_token_step(folder, quantize, kv_
         kv.reserve(CONTEXT + i + 1)
         alone, _ = fwd(ids[CONTEXT + i:CONTEXT + i + 1], Step.at(CONTEXT + i, 1, m.device), kv)
         assert torch.equal(alone[0], together[i]), f"row {i}"
-    assert torch.equal(kv.k[0], keys)
+    assert torch.equal(bits(kv.k[0]), bits(keys))
 
+
+def bits(pages: torch.Tensor) -> torch.Tensor:
+    """The bytes of a page pool: the pool is torch.empty, and its unwritten slots may hold NaN bit
+    patterns (memory of an earlier allocation), which compare unequal to themselves by value."""
+    return pages.view(torch.uint8)
 
 
 @pytest.mark.parametrize("options", [{"stages": 1},
