@@ -1,8 +1,9 @@
 """What a run will allocate, checked against what the device has free before anything is allocated.
 
-``run_bytes`` estimates the weights as the model holds them (the model dtype; INT8 linears take one
-byte a weight plus a float32 scale a row) and the KV pool (keys and values of every layer for the
-pool's positions: model-dtype pages, or INT8 pages with a float32 scale per cached vector).
+``weight_bytes`` estimates the weights as the model holds them (the model dtype; INT8 linears take
+one byte a weight plus a float32 scale a row; a linear implementation's ``workspace_bytes`` goes
+beside them), ``kv_bytes`` the KV pool (keys and values of every layer for the pool's positions:
+model-dtype pages, or INT8 pages with a float32 scale per cached vector).
 ``check_fits`` raises a ConfigError, naming both parts and the free memory, when they exceed it.
 ``auto_positions`` sizes the pool of ``kv_capacity=auto`` from a share of the free memory.
 """
@@ -68,13 +69,15 @@ def activation_bytes(mc: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
 
 
 def auto_positions(mc: ModelConfig, *, device: torch.device, dtype: torch.dtype, quantize: str, storage: str,
-                   page_size: int, chunk: int, fraction: float, free: int | None = None) -> int:
+                   page_size: int, chunk: int, fraction: float, free: int | None = None, workspace: int = 0) -> int:
     """``kv_capacity=auto``: the model's context (``max_position_embeddings``), or, when fewer fit,
-    the whole pages that ``fraction`` of the free memory of ``device`` holds after the weights and
-    one prefill chunk's activations (as vLLM sizes its pool from gpu_memory_utilization). A
-    ConfigError when not one page fits. ``free``: that figure, measured when not given."""
+    the whole pages that ``fraction`` of the free memory of ``device`` holds after the weights (and
+    ``workspace``: the linear implementation's ``workspace_bytes``) and one prefill chunk's
+    activations (as vLLM sizes its pool from gpu_memory_utilization). A ConfigError when not one
+    page fits. ``free``: that figure, measured when not given."""
     free = free_bytes(device) if free is None else free
-    weights, activations = weight_bytes(mc, dtype, quantize), activation_bytes(mc, min(chunk, mc.max_positions), dtype)
+    weights = weight_bytes(mc, dtype, quantize) + workspace
+    activations = activation_bytes(mc, min(chunk, mc.max_positions), dtype)
     budget = int(fraction * free) - weights - activations
     per_page = kv_bytes(mc, page_size, dtype, storage)
     pages = max(budget, 0) // per_page
@@ -131,10 +134,11 @@ def _size(n: int) -> str:
 
 
 def check_fits(mc: ModelConfig, *, device: torch.device, dtype: torch.dtype, quantize: str, positions: int,
-               storage: str, free: int | None = None) -> None:
-    """A ConfigError when the weights and a KV pool of ``positions`` positions exceed the free
-    memory of ``device`` (``free``: that figure, measured when not given)."""
-    weights, kv = weight_bytes(mc, dtype, quantize), kv_bytes(mc, positions, dtype, storage)
+               storage: str, free: int | None = None, workspace: int = 0) -> None:
+    """A ConfigError when the weights (with the linear implementation's ``workspace`` bytes) and a
+    KV pool of ``positions`` positions exceed the free memory of ``device`` (``free``: that
+    figure, measured when not given)."""
+    weights, kv = weight_bytes(mc, dtype, quantize) + workspace, kv_bytes(mc, positions, dtype, storage)
     free = free_bytes(device) if free is None else free
     if weights + kv > free:
         raise ConfigError(f"the run needs {(weights + kv) / GIB:.1f} GiB on {device.type} (weights "

@@ -66,6 +66,13 @@ class ModelConfig:
             })
         return shapes
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """``[rows, in_features]`` of each Linear as the model builds it: the fused ``qkv`` and
+        ``gate_up`` (SwiGLU's [gate; up]), ``o_proj``, ``down`` (one of each a layer) and ``lm_head``."""
+        h, d, i = self.hidden_size, self.head_dim, self.intermediate_size
+        return {"qkv": ((self.num_heads + 2 * self.num_kv_heads) * d, h), "o_proj": (h, self.num_heads * d),
+                "gate_up": (2 * i, h), "down": (h, i), "lm_head": (self.vocab_size, h)}
+
     @classmethod
     def from_folder(cls, folder: Path) -> "ModelConfig":
         """config.json of ``folder``, with the EOS ids of generation_config.json where it has them

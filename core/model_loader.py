@@ -19,7 +19,7 @@ import torch
 
 from tileinfer.checkpoint import Checkpoint, read_checkpoint
 from tileinfer.config import Config
-from tileinfer.interfaces import Attention, KVGeometry, KVStore, Linear
+from tileinfer.interfaces import Attention, KVGeometry, KVStore, Linear, RunSpec
 from tileinfer.loading import CheckpointReader
 from tileinfer.memory import check_fits
 from tileinfer.model import Backend, Qwen3Model
@@ -63,11 +63,16 @@ class Implementations:
         return -(-positions // self.page_size) * self.page_size
 
     def check_fits(self, mc: ModelConfig, *, device: torch.device, dtype: torch.dtype, positions: int,
-                   quantize: str | None = None) -> None:
-        """ConfigError (``memory.check_fits``) when the weights of ``mc`` and a KV pool of
-        ``positions`` (in whole pages) exceed the free memory of ``device``."""
-        check_fits(mc, device=device, dtype=dtype, quantize=quantize or self.quantize,
-                   positions=self.pool_positions(positions), storage=self.kv_store.storage)
+                   quantize: str | None = None, free: int | None = None) -> None:
+        """ConfigError (``memory.check_fits``) when the weights of ``mc`` (with the linear
+        implementation's ``workspace_bytes``) and a KV pool of ``positions`` (in whole pages)
+        exceed the free memory of ``device`` (``free``: that figure, measured when not given)."""
+        quantize = quantize or self.quantize
+        run = RunSpec(device=device, dtype=dtype, quantize=quantize, kv_storage=self.kv_store.storage,
+                      kv_page_size=self.page_size, options=dict(self.linear_options))
+        check_fits(mc, device=device, dtype=dtype, quantize=quantize, positions=self.pool_positions(positions),
+                   storage=self.kv_store.storage, workspace=self.linear.workspace_bytes(run, mc.linear_shapes()),
+                   free=free)
 
     def kv(self, mc: ModelConfig, *, device: torch.device, dtype: torch.dtype, positions: int,
            key_norm_weights: list[torch.Tensor]) -> KVStore:

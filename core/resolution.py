@@ -106,17 +106,22 @@ def resolve(config: Config, registry: Registry) -> ResolvedConfig:
         if cls is not None and cls.declared_options:
             options.setdefault(name, {}).update(check_options(name, cls.declared_options,
                                                               options_of(config, name, cls.declared_options)))
-    capacity = resolve_capacity(config, checkpoint.config, device, dtype, kv_class.storage)
+    linear_class = registry.get("linear", chosen["linear"])
+    workspace = linear_class.workspace_bytes(_run_for(linear_class, chosen["linear"], config, base),
+                                             checkpoint.config.linear_shapes())
+    capacity = resolve_capacity(config, checkpoint.config, device, dtype, kv_class.storage, workspace)
     sampling, _ = fill_sampling(config, checkpoint)  # the sampling keys left null: generation_config.json's, else off
     resolved = dataclasses.replace(config, device=device.type, dtype=dtype_name(dtype), options=options,
                                    kv_capacity=capacity, **chosen, **sampling)
     return ResolvedConfig(resolved, registry, checkpoint, tuple(sampling))
 
 
-def resolve_capacity(config: Config, mc: ModelConfig, device: torch.device, dtype: torch.dtype, storage: str) -> int:
+def resolve_capacity(config: Config, mc: ModelConfig, device: torch.device, dtype: torch.dtype, storage: str,
+                     workspace: int = 0) -> int:
     """The positions the KV pool holds: ``kv_capacity`` capped by the model's context, or for
-    ``auto`` that context bounded by ``memory_fraction`` of the free memory (``memory.auto_positions``;
-    a notice when memory is the bound). A ConfigError when a page is larger than that."""
+    ``auto`` that context bounded by ``memory_fraction`` of the free memory (``memory.auto_positions``,
+    with the linear implementation's ``workspace`` bytes beside the weights; a notice when memory is
+    the bound). A ConfigError when a page is larger than that."""
     auto = config.kv_capacity == "auto"
     limit = mc.max_positions if auto else min(config.kv_capacity, mc.max_positions)
     if config.kv_page_size > limit:
@@ -126,7 +131,7 @@ def resolve_capacity(config: Config, mc: ModelConfig, device: torch.device, dtyp
         return limit
     capacity = auto_positions(mc, device=device, dtype=dtype, quantize=config.quantize, storage=storage,
                               page_size=config.kv_page_size, chunk=config.prefill_chunk,
-                              fraction=config.memory_fraction)
+                              fraction=config.memory_fraction, workspace=workspace)
     if capacity < mc.max_positions:
         notice(f"kv_capacity=auto: {capacity} positions fit in memory_fraction={config.memory_fraction} of the free "
                f"memory, fewer than the model's context ({mc.max_positions}); prompts and replies are limited to that")

@@ -90,6 +90,14 @@ class Linear(Pluggable, ABC):
             return [f"quantize={run.quantize} is not supported (supported: {', '.join(cls.supported_quantize)})"]
         return []
 
+    @classmethod
+    def workspace_bytes(cls, run: RunSpec, linear_shapes: Mapping[str, tuple[int, int]]) -> int:
+        """Bytes the implementation allocates at load beside the weights, for a model whose Linears
+        have ``linear_shapes`` (``ModelConfig.linear_shapes``: name -> ``[rows, in_features]``)
+        under ``run`` (a buffer its layers share, say). The memory estimates (``check_fits``,
+        ``kv_capacity=auto``) count it with the weights. None here: 0."""
+        return 0
+
     @abstractmethod
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``x``: ``[T, in_features]`` in the model dtype -> ``[T, out_features]`` in ``out_dtype``

@@ -23,12 +23,16 @@ float32 row scales on the accumulator, on the model-dtype rule's tiles: the W8A1
 same products and scales, summed in the model-dtype tiles' order), in place of the W8A16 GEMM whose
 in-register conversion bounds it at prefill. A linear whose output is not in the model dtype (the
 lm_head's float32 logits of a 16-bit model: 389 M weights at Qwen3-4B, 778 MB of scratch, for a
-prefill that computes one row) keeps the W8A16 GEMM.
+prefill that computes one row) keeps the W8A16 GEMM, as do float32 models and ``matmul=torch``. The
+default, 1,024 tokens: on an H100 it beat the W8A16 GEMM at 1,024 and 8,192 tokens and lost at 256
+(docs/performance-log.md); the scratch is this class's ``workspace_bytes``, which the memory
+estimates count.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import torch
 
@@ -46,6 +50,16 @@ from tileinfer.options import Option
 from tileinfer.plugins.triton.dequant_scratch import shared
 from tileinfer.plugins.triton.kernels_available import device_reasons
 from tileinfer.quantize import WEIGHT_FORMATS
+
+DEQUANT_FROM = 1024  # int8_prefill_dequant's default
+
+
+def dequantizes(options: Mapping, quantize: str, dtype: torch.dtype) -> bool:
+    """Whether int8 layers of a run take ``int8_prefill_dequant``'s path at some step: int8 weights,
+    a 16-bit model, the Triton GEMM and a threshold."""
+    return (bool(options["int8_prefill_dequant"]) and quantize == "int8" and options["matmul"] == "triton"
+            and dtype in (torch.bfloat16, torch.float16))
+
 
 PDL = Option("pdl", bool, True, "programmatic dependent launch on Hopper and newer GPUs: each kernel is placed "
              "while the one before finishes, and prefetches what no kernel writes (same bits)")
@@ -66,11 +80,12 @@ class TritonLinear(Linear):
                "(each row's 64-column groups in the order the tensor cores' register fragments read them: 16-byte "
                "loads in the prefill GEMM, the same bits there; the GEMV sums in another order)",
                choices=("rows", "fragments")),
-        Option("int8_prefill_dequant", int, 0, "int8 weights at prefill: from this many tokens on (0: never; "
-               f"else > {SMALL_STEP_MAX_TOKENS}) a call writes its weight's values into a model-dtype scratch "
-               "buffer and runs the model-dtype GEMM with the scales (the W8A16 arithmetic on the BF16 tiles); "
-               "costs one buffer of the largest decoder weight in the model dtype (Qwen3-4B: 100 MB, 0.6B: "
-               "13 MB), not in kv_capacity=auto's estimate; the lm_head keeps the W8A16 GEMM", minimum=0),
+        Option("int8_prefill_dequant", int, DEQUANT_FROM, "int8 weights at prefill, 16-bit models, matmul=triton: "
+               f"from this many tokens on (0: never; else > {SMALL_STEP_MAX_TOKENS}) a call writes its weight's "
+               "values into a model-dtype scratch buffer and runs the model-dtype GEMM with the scales (the W8A16 "
+               "arithmetic on the BF16 tiles); costs one buffer of the largest decoder weight in the model dtype "
+               "(Qwen3-4B: 100 MB, 0.6B: 13 MB), counted by the memory estimates; the lm_head keeps the W8A16 "
+               "GEMM", minimum=0),
     )
 
     @classmethod
@@ -86,9 +101,6 @@ class TritonLinear(Linear):
         if 0 < dequant <= SMALL_STEP_MAX_TOKENS:
             reasons.append(f"options.triton.int8_prefill_dequant={dequant}: steps of up to {SMALL_STEP_MAX_TOKENS} "
                            f"tokens take the GEMV; set 0 (off) or more than {SMALL_STEP_MAX_TOKENS}")
-        if dequant and (run.quantize != "int8" or run.options["matmul"] == "torch"):
-            reasons.append(f"options.triton.int8_prefill_dequant is for int8 weights in the Triton GEMM, and quantize "
-                           f"is {run.quantize}, matmul {run.options['matmul']}: set quantize=int8, matmul=triton")
         if run.options["matmul"] == "torch" and run.options["fuse_epilogue"]:
             reasons.append("options.triton.matmul=torch runs the SwiGLU and residual add as kernels of their own: "
                            "set options.triton.fuse_epilogue=false")
@@ -110,9 +122,19 @@ class TritonLinear(Linear):
         self.pdl = self.options["pdl"] and pdl_supported(weight.device)
         self.counters = layer_counters(self._stored, self.scale)  # the GEMVs' split-K counters, 0 between launches
         self.dequant_from, self.scratch = 0, None  # tokens from which calls take the dequantized GEMM
-        if self.options["int8_prefill_dequant"] and self.scale is not None and self.out_dtype == self.dtype:
+        if dequantizes(self.options, self.quantize, self.dtype) and self.out_dtype == self.dtype:
             self.dequant_from, self.scratch = self.options["int8_prefill_dequant"], shared(weight.device, self.dtype)
             self.scratch.reserve(self._stored.numel())
+
+    @classmethod
+    def workspace_bytes(cls, run: RunSpec, linear_shapes: Mapping[str, tuple[int, int]]) -> int:
+        """The scratch of ``int8_prefill_dequant`` where it applies: the largest Linear but the lm_head
+        (which keeps the W8A16 GEMM) in the model dtype."""
+        if not dequantizes(run.options, run.quantize, run.dtype):
+            return 0
+        rows, cols = max((shape for name, shape in linear_shapes.items() if name != "lm_head"),
+                         key=lambda shape: shape[0] * shape[1])
+        return rows * cols * torch.finfo(run.dtype).bits // 8
 
     @property
     def _stored(self) -> torch.Tensor:

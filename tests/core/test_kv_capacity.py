@@ -114,6 +114,42 @@ def test_a_prompt_longer_than_the_auto_capacity_fails_before_any_weight_loads(ca
     assert free.calls  # the figure was asked for, before any weight was read (CheckpointReader is None)
 
 
+def test_the_linear_implementations_workspace_is_counted_with_the_weights(capsys, tiny_checkpoint, free):
+    """The Triton linear's ``int8_prefill_dequant`` scratch (int8 weights of a 16-bit model: the largest
+    Linear but the lm_head, in the model dtype) takes room from the pool as the weights do."""
+    mc, dtype = ModelConfig.from_folder(tiny_checkpoint), torch.float16
+    shapes = mc.linear_shapes()
+    scratch = max(r * c for name, (r, c) in shapes.items() if name != "lm_head") * 2
+    assert scratch > kv_bytes(mc, PAGE, dtype, "dtype")  # more than a page: it shows in the page count
+    need = (weight_bytes(mc, dtype, "int8") + activation_bytes(mc, min(4096, mc.max_positions), dtype)
+            + kv_bytes(mc, 5 * PAGE + PAGE // 2, dtype, "dtype"))
+    items = [f"model={tiny_checkpoint}", "kv_page_size=16", "device=cpu", "dtype=float16", "linear=triton",
+             "attention=reference", "quantize=int8"]
+    free(int((need + scratch) / 0.9) + 1)
+    assert config_of(capsys, *items)[0]["kv_capacity"] == 5 * PAGE
+    assert config_of(capsys, *items, "options.triton.int8_prefill_dequant=0")[0]["kv_capacity"] > 5 * PAGE
+    free(int(need / 0.9) + 1)
+    assert config_of(capsys, *items)[0]["kv_capacity"] < 5 * PAGE
+
+
+def test_loading_checks_the_workspace_too(tiny_checkpoint):
+    """``Implementations.check_fits`` (before any weight loads) counts the linear's workspace."""
+    from tileinfer.config import load_config
+    from tileinfer.model_loader import Implementations
+    from tileinfer.resolution import ResolvedConfig
+
+    config = ResolvedConfig.of(load_config(overrides=[f"model={tiny_checkpoint}", "device=cpu", "dtype=float16",
+                                                      "linear=triton", "attention=reference", "quantize=int8",
+                                                      "kv_page_size=16"])).config
+    mc, dtype = ModelConfig.from_folder(tiny_checkpoint), torch.float16
+    scratch = max(r * c for name, (r, c) in mc.linear_shapes().items() if name != "lm_head") * 2
+    fits = weight_bytes(mc, dtype, "int8") + kv_bytes(mc, 64, dtype, "dtype")
+    implementations = Implementations.of(config)
+    implementations.check_fits(mc, device=torch.device("cpu"), dtype=dtype, positions=64, free=fits + scratch)
+    with pytest.raises(ConfigError, match="more than the"):
+        implementations.check_fits(mc, device=torch.device("cpu"), dtype=dtype, positions=64, free=fits + scratch - 1)
+
+
 def test_the_engine_measures_free_memory_on_its_device(tiny_checkpoint, free):
     free(budget_for(tiny_checkpoint, 3))
     engine = reference_engine(tiny_checkpoint, max_new_tokens=2)

@@ -2,7 +2,8 @@
 writes its weight's values into the shared model-dtype scratch and runs the model-dtype GEMM with its
 scales; below it nothing changes. A call of the option gives the bits of that chain run by hand
 (``dequantize_int8``, then ``linear(x, values, scale)`` on the model-dtype rule's tiles), fused or
-per-op, from rows or fragments; a bad threshold or a run it cannot serve is a one-line ConfigError."""
+per-op, from rows or fragments; a bad threshold is a one-line ConfigError; float32 models, model-dtype weights and ``matmul=torch`` keep
+their path, and the scratch is counted by the memory estimates (``workspace_bytes``)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from tileinfer.memory import tensor_bytes
 from tileinfer.plugins.triton.linear import TritonLinear
 from tileinfer.quantize import int8_of
 
-DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter's bf16 dots are wrong
+# a 16-bit model (the path's condition); float16 under the interpreter, whose bfloat16 dots are wrong
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
 MODEL = dict(hidden=64, heads=2, kv_heads=1, head_dim=32, intermediate=96, vocab=96, layers=2, tokenizer=False)
 PROMPT = [(7 * i) % 23 + 40 for i in range(20)]  # 20 tokens: one prefill chunk past the threshold of 17
 
@@ -44,18 +46,22 @@ def by_hand(weight, norm, x, r, swiglu: bool) -> torch.Tensor:
 def test_from_the_threshold_on_the_call_is_the_dequantized_chain(epilogue):
     for tokens in (17, 40):
         layer, weight, norm, x, r = layer_and_inputs({"int8_prefill_dequant": 17}, tokens, epilogue)
+        layer.scratch.buffer.fill_(float("nan"))
         y = layer(x, r)
         assert torch.equal(y, by_hand(weight, norm, x, r, epilogue == "swiglu")) and not y.isnan().any()
-        w8a16 = layer_and_inputs({}, tokens, epilogue)[0](x, r)
-        assert not torch.equal(y, w8a16)  # another path: the tiles of the model dtype, not the int8 rule's
-        torch.testing.assert_close(y, w8a16, rtol=2e-5, atol=2e-5)  # float32: the same products, other order
+        q, _ = int8_of(weight)
+        assert torch.equal(layer.scratch.view(*q.shape), q.to(DTYPE))  # the path ran: the values written
+        w8a16 = layer_and_inputs({"int8_prefill_dequant": 0}, tokens, epilogue)[0](x, r)
+        torch.testing.assert_close(y, w8a16, rtol=2e-2, atol=2e-2)  # the same products, summed in another order
 
 
 @pytest.mark.parametrize("epilogue", ["none", "swiglu"])
 def test_below_the_threshold_nothing_changes(epilogue):
     for tokens in (1, 16, 39):
         layer, _, _, x, r = layer_and_inputs({"int8_prefill_dequant": 40}, tokens, epilogue)
-        assert torch.equal(layer(x, r), layer_and_inputs({}, tokens, epilogue)[0](x, r))
+        layer.scratch.buffer.fill_(float("nan"))
+        assert torch.equal(layer(x, r), layer_and_inputs({"int8_prefill_dequant": 0}, tokens, epilogue)[0](x, r))
+        assert layer.scratch.buffer.isnan().all()  # untouched
 
 
 @pytest.mark.parametrize("epilogue", ["none", "swiglu"])
@@ -89,14 +95,17 @@ def test_one_scratch_for_every_layer_sized_for_the_largest():
 def engine(folder, **triton):
     return tileinfer.Engine.from_config("eager", {"linear": "triton", "attention": "triton", "quantize": "int8",
                                                   "options": {"triton": triton}},
-                                        model=str(folder), device=DEVICE, dtype="float32", kv_page_size=16,
+                                        model=str(folder), device=DEVICE, dtype=str(DTYPE).removeprefix("torch."),
+                                        kv_page_size=16,
                                         progress=False)
 
 
 def test_through_the_config_the_greedy_tokens_stay(checkpoint_factory):
     folder = checkpoint_factory(**MODEL)
-    expected = engine(folder).generate(PROMPT, max_new_tokens=3).token_ids
-    assert engine(folder, int8_prefill_dequant=17).generate(PROMPT, max_new_tokens=3).token_ids == expected
+    expected = engine(folder, int8_prefill_dequant=0).generate(PROMPT, max_new_tokens=3).token_ids
+    on = engine(folder, int8_prefill_dequant=17)
+    assert on.generate(PROMPT, max_new_tokens=3).token_ids == expected
+    assert on.model.layers[0].qkv.scratch.used  # the prompt's chunk took the dequantized path
 
 
 @pytest.mark.parametrize("value, message", [
@@ -110,9 +119,28 @@ def test_a_bad_threshold_is_one_line(checkpoint_factory, value, message):
     assert "\n" not in str(error.value)
 
 
-def test_an_unquantized_model_is_refused(checkpoint_factory):
-    with pytest.raises(ConfigError, match="int8_prefill_dequant is for int8 weights in the Triton GEMM, and "
-                                          "quantize is none"):
-        tileinfer.Engine.from_config("eager", {"linear": "triton", "options": {"triton": {"int8_prefill_dequant": 64}}},
-                                     model=str(checkpoint_factory(**MODEL)), device=DEVICE, dtype="float32",
-                                     progress=False)
+def test_where_it_applies_and_what_it_costs():
+    """On by default for int8 weights of a 16-bit model in the Triton GEMM (from 1,024 tokens); a
+    float32 model, model-dtype weights, matmul=torch or 0 leave it off. ``workspace_bytes`` is the
+    scratch: the largest Linear but the lm_head, in the model dtype (Qwen3-4B: the fused gate_up)."""
+    from bench.shapes import SHAPES
+    from tileinfer.interfaces import RunSpec
+    from tileinfer.resolution import implementation_options  # noqa: F401  (the options as a run resolves them)
+    from tileinfer.options import check_options
+
+    def options(**given):
+        return check_options("triton", TritonLinear.declared_options, given)
+
+    weight = torch.randn(96, 128, device=DEVICE, dtype=DTYPE)
+    assert TritonLinear(weight, quantize="int8", options={"pdl": False}).dequant_from == 1024
+    for dtype, quantize, given in ((torch.float32, "int8", {}), (DTYPE, "none", {}), (DTYPE, "int8", {"matmul": "torch",
+                                   "fuse_epilogue": False}), (DTYPE, "int8", {"int8_prefill_dequant": 0})):
+        layer = TritonLinear(weight.to(dtype), quantize=quantize, options={"pdl": False, **given})
+        assert layer.scratch is None and layer.dequant_from == 0, (dtype, quantize, given)
+        run = RunSpec(torch.device(DEVICE), dtype, quantize, options=options(**given))
+        assert TritonLinear.workspace_bytes(run, {"qkv": (96, 128), "lm_head": (999, 128)}) == 0
+    s = SHAPES["Qwen3-4B"]
+    shapes = {"qkv": (6144, 2560), "o_proj": (2560, 4096), "gate_up": (2 * s["intermediate_size"], 2560),
+              "down": (2560, s["intermediate_size"]), "lm_head": (151936, 2560)}
+    run = RunSpec(torch.device(DEVICE), torch.bfloat16, "int8", options=options())
+    assert TritonLinear.workspace_bytes(run, shapes) == 19456 * 2560 * 2  # 100 MB
