@@ -105,6 +105,13 @@ CHECKS = {
     "attention": [(300, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--repeats", "20"]),
                   (180, ["kernels", "paged_attention", "--prefill-prompts", "8192,32768", "--page-size", "128",
                          "--prefill-tiles", "rule,128x64,128x128", "--repeats", "20"])],
+    # short prompts (50-256 tokens), where the tile rules' cost model is weakest: the BF16 and W8A16 candidates of
+    # every decoder layer (unflattened and split persistent tiles, 64-row W8A16 SwiGLU tiles), then the engine
+    "short": [(330, ["kernels", "linear", "--sweep", "--models", "Qwen3-0.6B,Qwen3-4B", "--formats", "bf16,int8",
+                     "--layers", "qkv,o_proj,gate_up,down", "--tokens", "50,128,256", "--repeats", "10"]),
+              (150, ["matrix", "--shape", "Qwen3-0.6B", "--shape", "Qwen3-4B", "--variant", "default", "--variant",
+                     "torch-matmul", "--variant", "int8", "--workload", "prefill50", "--workload", "prefill128",
+                     "--workload", "prefill256", "--no-peers"])],
     # issue 29's short prompts: the W8A16 rule's GPU cases (its split tails and fragments layout, graphed prefill),
     # then its layers at 50 to 1,024 tokens against the BF16 Triton GEMM and cuBLAS (`check ttft` has the engine's)
     "prefill": [(150, ["gpu-tests", "tests/backends/triton/test_linear_gemm_persistent.py",
@@ -114,7 +121,8 @@ CHECKS = {
                        "qkv,o_proj,gate_up,down", "--tokens", "50,64,128,256,1024", "--repeats", "10"])],
 }
 MINUTES = {"steps": 6, "gemv": 6, "gemm": 9, "spec": 7, "ttft": 8, "persistent": 10, "int8": 10, "stream": 8,
-           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9, "prefill": 5}
+           "attention": 7, "int8_layout": 10, "json": 8, "close": 10, "int8_dequant": 9, "prefill": 5,
+           "short": 8}
 
 
 def step_argv(argv: list[str], extra: list[str]) -> list[str]:

@@ -64,13 +64,14 @@ PERSISTENT_TILES = {
              (128, 128, 64, 8, 4, "tma flatten"), (128, 128, 64, 8, 3, ""), (128, 128, 64, 8, 3, "tma split"),
              (128, 256, 64, 8, 3, "tma"), (128, 256, 64, 8, 3, "tma flatten"), (128, 256, 64, 8, 3, "tma split"),
              (128, 128, 128, 8, 3, "tma"), (128, 128, 64, 4, 4, "tma"), (128, 64, 64, 4, 4, "tma split"),
-             (64, 128, 64, 4, 4, "tma split")],
+             (64, 128, 64, 4, 4, "tma split"), (128, 64, 64, 4, 4, "tma"), (64, 128, 64, 4, 4, "tma"),
+             (128, 128, 64, 8, 4, "tma split")],
     # int8 transposed (swap_ab) but the split tail, which GemmConfig allows only untransposed
     "int8": [(128, 128, 64, 8, 3, "tma swap"), (128, 128, 128, 8, 3, "tma swap"), (128, 64, 128, 4, 3, "tma swap"),
              (128, 128, 64, 8, 3, "tma flatten swap"), (128, 128, 64, 8, 3, "swap"), (128, 256, 64, 8, 3, "tma"),
              (128, 256, 64, 8, 3, "tma flatten"), (128, 128, 64, 8, 3, "tma split"), (128, 64, 128, 4, 3, "tma split"),
              (128, 128, 128, 8, 4, "tma swap"), (128, 256, 128, 8, 3, "tma swap"), (128, 128, 128, 4, 3, "tma swap"),
-             (64, 128, 128, 4, 3, "tma swap")],
+             (64, 128, 128, 4, 3, "tma swap"), (64, 64, 128, 4, 3, "tma swap"), (64, 128, 128, 4, 3, "tma split")],
 }
 PERSISTENT_TILES["int8f"] = PERSISTENT_TILES["int8"]
 GEMV_TILES = {  # (BLOCK_N, BLOCK_K, num_warps, num_stages) swept at T = 1 and at T = 2..16
