@@ -234,9 +234,9 @@ GEMM_TILES = {
 # so with TMA the W8A16 rule chooses among the persistent tiles only (``PERSISTENT_ONLY``), which gain 128 x 64
 # and 64 x 128 tiles of 4 warps, throughputs 0.93 and 0.80 fitted at T = 1,024 (linear@3b3f30c: qkv 89.7 / 104.0
 # us, o_proj 68.1 / 79.2, down 151.2 / 174.9 and the fused SwiGLU 344.0 / 417.9 against the 128 x 128 tile's
-# 63.8, 65.5, 149.2 and 254.0 at 3, 2, 2 and 10 waves). The rule's pick costs Qwen3-4B's four layers (fused
-# SwiGLU) 114.9 us at T = 50 and 198.5 at T = 256 where the old one cost 185.8 and 272.1 (best swept: 111.2
-# and 197.3); Qwen3-0.6B 51.8 and 66.9 against 66.4 and 82.5. T = 1,024's picks are unchanged.
+# 63.8, 65.5, 149.2 and 254.0 at 3, 2, 2 and 10 waves). Its picks cost Qwen3-4B's four layers (fused SwiGLU)
+# 114.9 us at T = 50 and 198.5 at T = 256 (best swept: 111.2 and 197.3; with the non-persistent tiles among the
+# candidates: 185.8 and 272.1); Qwen3-0.6B 51.8 and 66.9 (66.4 and 82.5). At T = 1,024 the 4B picks are the same.
 PERSISTENT_TILES = {
     "none": ((128, 256, 64, 8, 3, 1.22), (128, 128, 64, 8, 4, 1.09)),
     "int8": ((128, 256, 128, 8, 3, 1.35), (128, 128, 128, 8, 3, 1.30), (128, 64, 128, 4, 3, 0.93),
