@@ -101,7 +101,8 @@ def _check_table(block_table: torch.Tensor, positions: torch.Tensor) -> None:
 def check_paged_write(pages: torch.Tensor, block_table: torch.Tensor, positions: torch.Tensor,
                       x: torch.Tensor, name: str = "x") -> None:
     """Assert the layouts of a paged write of ``x`` ``[T, Hkv, D]`` into ``pages``."""
-    assert pages.dim() == 4 and pages.is_contiguous(), f"pages must be [P, Hkv, S, D] contiguous, got {tuple(pages.shape)}"
+    assert pages.dim() == 4 and pages.is_contiguous(), (
+        f"pages must be [P, Hkv, S, D] contiguous, got {tuple(pages.shape)}")
     t = positions.shape[0]
     assert x.shape == (t, pages.shape[1], pages.shape[3]), (
         f"{name} {tuple(x.shape)}, want [{t}, {pages.shape[1]}, {pages.shape[3]}]"

@@ -159,7 +159,9 @@ def _tma_on(device_index: int) -> bool:
 def tma_supported(device: torch.device) -> bool:
     """Whether launches on ``device`` may use TMA descriptors (compiled, on Hopper or newer)."""
     device = torch.device(device)
-    return not interpreted(device) and _tma_on(device.index if device.index is not None else torch.cuda.current_device())
+    if interpreted(device):
+        return False
+    return _tma_on(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _check_outputs(x: torch.Tensor, n_w: int, out_dtype: torch.dtype | None, swiglu: bool,

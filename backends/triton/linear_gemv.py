@@ -116,8 +116,8 @@ def gemv_rows(
     the row scales ``s[rows]`` where INT8: [BLOCK_T, BLOCK_N] (tl.dot path) or [BLOCK_N] (T = 1
     path). ``rows`` must be valid row indices (no row mask). FRAG: int8 weights in the ``fragments``
     layout. The first chunk is peeled: its weight load is issued before the grid dependency wait
-    (``PDL``), so it overlaps the tail of the kernel before; the activations, which that kernel may have written, are read after it. The order of
-    the sums is the same either way."""
+    (``PDL``), so it overlaps the tail of the kernel before; the activations, which that kernel may
+    have written, are read after it. The order of the sums is the same either way."""
     offs_k = tl.arange(0, BLOCK_K)
     offs_t = tl.arange(0, BLOCK_T)
     t_mask = offs_t < T

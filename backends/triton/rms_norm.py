@@ -7,8 +7,8 @@ program, ``[1, BLOCK_HALF]`` tiles, grid ``(T,)``, 8 warps for H = 2,560 or 4,09
 heads, D]`` (``_rms_norm_kernel``): ``BLOCK_H`` heads of one token a program, ``[BLOCK_H,
 BLOCK_HALF]`` tiles reduced along the channels, grid ``(T, cdiv(heads, BLOCK_H))``; ``BLOCK_H =
 min(next_pow2(heads), 1024 / (2 BLOCK_HALF))`` (8 heads of 128, 2 warps). The fused q/k kernel of
-attention_inputs.py uses the same tiles. :func:`norm_launch_config` gives ``(BLOCK_H, BLOCK_HALF, num_warps)`` from ``(N, heads)`` alone for
-all of them.
+attention_inputs.py uses the same tiles. :func:`norm_launch_config` gives ``(BLOCK_H, BLOCK_HALF,
+num_warps)`` from ``(N, heads)`` alone for all of them.
 
 Arithmetic (Hugging Face Qwen3, as the twin): ``x`` in float32, ``x * rsqrt(mean(x^2) + eps)``,
 rounded to the model dtype, then multiplied by the weight in the model dtype (float32 product of

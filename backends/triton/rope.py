@@ -58,7 +58,8 @@ def check_rope_tables(cos_table: torch.Tensor, sin_table: torch.Tensor, position
     assert cos_table.dim() == 2 and cos_table.shape[1] == half, f"cos table {tuple(cos_table.shape)}, want [P, {half}]"
     assert sin_table.shape == cos_table.shape and sin_table.stride() == cos_table.stride()
     assert cos_table.stride(1) == 1, "cos/sin tables must be contiguous in their last dim"
-    assert positions.shape == (t,) and positions.dtype == torch.int64, f"positions {tuple(positions.shape)} {positions.dtype}"
+    assert positions.shape == (t,) and positions.dtype == torch.int64, (
+        f"positions {tuple(positions.shape)} {positions.dtype}")
     assert positions.is_contiguous()
     assert cos_table.device == sin_table.device == positions.device == device
 

@@ -1,4 +1,5 @@
-"""The Triton linear (backends/triton/linear.py) for both weight formats against cuBLAS at the Qwen3 layer shapes, on one GPU.
+"""The Triton linear (backends/triton/linear.py) for both weight formats against cuBLAS at the Qwen3
+layer shapes, on one GPU.
 
     python -m bench kernels linear [--models Qwen3-0.6B,Qwen3-4B] [--tokens 1,4,16,1024] [--formats bf16,int8,...]
         [--layers qkv,...] [--sweep [--sweep-filter WORD]] [--eager] [--decode-step] [--repeats N] [--records FILE]
@@ -23,9 +24,10 @@ the GEMM's tiles, the persistent kernel's with TMA, flattened loops and split ta
 rule's tile with Triton's plain cast and with the byte-permute conversion, ``int8_convert`` ``cast``
 / ``permute``), each with its max error against the twin; ``--sweep-filter WORD`` keeps the swept
 configs whose description (as printed) holds WORD.
-A kernel-level peer at T = 1 and 16 for int8: gemlite's A16W8 GEMV/GEMM (``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``,
-built from the same weights and scales; its own kernel choice and autotuning, untimed), or the
-reason it does not import (it needs a GPU to import; bench/device.sh carries it).
+A kernel-level peer at T = 1 and 16 for int8: gemlite's A16W8 GEMV/GEMM
+(``A16W8_INT8(dtype=bfloat16).from_weights(weight=q, scales=scale[:, None])``, built from the same
+weights and scales; its own kernel choice and autotuning, untimed), or the reason it does not import
+(it needs a GPU to import; bench/device.sh carries it).
 
 Decode step (``--decode-step``, --tokens default 1,4,16): the linears of one whole decode step
 (every layer with its own weights, the norms as kernels, then the lm_head with float32 logits),
@@ -185,7 +187,8 @@ def sweep(fn, weights, configs, expected: torch.Tensor, moved: int, bandwidth: f
 
 
 def describe(c: dict) -> str:
-    name = "x".join(str(c[f]) for f in (("block_m", "block_n", "block_k") if "block_m" in c else ("block_n", "block_k")))
+    fields = ("block_m", "block_n", "block_k") if "block_m" in c else ("block_n", "block_k")
+    name = "x".join(str(c[f]) for f in fields)
     name += f" w{c['num_warps']} s{c['num_stages']}" + "".join(
         f" {f}" for f in ("persistent", "tma", "flatten", "swap_ab", "fused_reduce") if c.get(f))
     name += " ws" if c.get("warp_specialize") else ""  # in records: the warp-specialized tiles that faulted
@@ -271,7 +274,8 @@ def layer_rows(args, run, fmt: str, model: str, layer: str, n: int, k: int, band
             cell = lambda v: f"{v:9.1f}" if v is not None else f"{'-':>9}"  # noqa: E731
             print(f"{fmt:<5} {model:<11} {name:<15} {f'{n}x{k}':>12} {t:>5} {cell(rec['triton_us'])} "
                   f"{cell(rec['tiled_us'])} {cell(rec['cublas_us'])} {cell(rec['bf16_triton_us'])} "
-                  f"{rec['copy_fraction']:7.1%} {rec['tflop_s'] if t > 16 else 0:8.1f} {err:9.2e}  {describe(cfg.__dict__)}"
+                  f"{rec['copy_fraction']:7.1%} {rec['tflop_s'] if t > 16 else 0:8.1f} {err:9.2e}  "
+                  f"{describe(cfg.__dict__)}"
                   + (f"  gemlite {rec['gemlite_us']:.1f} us" if "gemlite_us" in rec else ""), flush=True)
             print_best(rec.get("sweep", []))
 

@@ -16,9 +16,11 @@ def tileinfer_implementations() -> list[Implementation]:
     here = "tileinfer.plugins.triton"
     return [
         Implementation("linear", "triton", f"{here}.linear:TritonLinear",
-                       "Triton GEMV (<= 16 tokens) / GEMM, BF16 or W8A16 INT8, with the RMSNorm, SwiGLU and residual add fused or not",
+                       "Triton GEMV (<= 16 tokens) / GEMM, BF16 or W8A16 INT8, with the RMSNorm, SwiGLU and "
+                       "residual add fused or not",
                        auto=("cuda",), priority=10),
         Implementation("attention", "triton", f"{here}.attention:TritonAttention",
-                       "Triton q/k norm + RoPE + KV write, paged flash attention (prefill; split-KV decode), BF16 or INT8 pages",
+                       "Triton q/k norm + RoPE + KV write, paged flash attention (prefill; split-KV decode), "
+                       "BF16 or INT8 pages",
                        auto=("cuda",), priority=10),
     ]
