@@ -231,7 +231,9 @@ GEMM_TILES = {
 # 256: 411.2): PERSISTENT_SWIGLU_TILES.
 # Short prompts (linear@b95a693, H100, T = 50 and 256, Qwen3-4B / 0.6B): the non-persistent W8A16 tiles took
 # 1.3-2.4x the best persistent one on every layer but the 4B gate_up (4B o_proj at T = 256: 45.2 against 22.9 us),
-# so with TMA the W8A16 rule chooses among the persistent tiles only (``PERSISTENT_ONLY``), which gain 128 x 64
+# so with TMA the W8A16 rule's plain launches choose among the persistent tiles only (``PERSISTENT_ONLY``; the fused
+# SwiGLU keeps the non-persistent ones among its candidates: Qwen3-0.6B's at T = 50 took 15.5 us in the 64 x 64
+# tile against 20.6 in the best persistent one, 128 x 64; 4B's 65.6 against 45.6), which gain 128 x 64
 # and 64 x 128 tiles of 4 warps, throughputs 0.93 and 0.80 fitted at T = 1,024 (linear@3b3f30c: qkv 89.7 / 104.0
 # us, o_proj 68.1 / 79.2, down 151.2 / 174.9 and the fused SwiGLU 344.0 / 417.9 against the 128 x 128 tile's
 # 63.8, 65.5, 149.2 and 254.0 at 3, 2, 2 and 10 waves). Its picks cost Qwen3-4B's four layers (fused SwiGLU)
@@ -262,8 +264,8 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
                 tma: bool = False, out_bytes: int = 2) -> GemmConfig:
     """Tile of the GEMM for ``M`` > 16 rows on a weight of ``N`` rows (2I for the fused SwiGLU weight).
 
-    Rule: for each candidate of the format's ``GEMM_TILES`` (none with ``tma`` where the format is
-    ``PERSISTENT_ONLY``) and with ``tma`` ``PERSISTENT_TILES`` (``PERSISTENT_SWIGLU_TILES`` for
+    Rule: for each candidate of the format's ``GEMM_TILES`` (none for a plain launch with ``tma``
+    where the format is ``PERSISTENT_ONLY``) and with ``tma`` ``PERSISTENT_TILES`` (``PERSISTENT_SWIGLU_TILES`` for
     ``swiglu``), cost = waves x tile cost, with waves = cdiv(tiles, SMs) (one resident tile per SM),
     tiles = cdiv(M, BM) * cdiv(N, BN) (padded rows and columns cost as much as real ones) and tile
     cost = BM * BN / throughput (K is common to all candidates). The cheapest wins; ties go to the
@@ -274,7 +276,7 @@ def gemm_config(M: int, N: int, K: int, sms: int = DEFAULT_NUM_SMS, *, int8: boo
     :func:`split_plan`'s split tail where it splits (then untransposed)."""
     fmt = "int8" if int8 else "none"
     persistent = (PERSISTENT_SWIGLU_TILES if swiglu else PERSISTENT_TILES)[fmt] if tma else ()
-    plain = () if persistent and PERSISTENT_ONLY[fmt] else GEMM_TILES[fmt]
+    plain = () if persistent and PERSISTENT_ONLY[fmt] and not swiglu else GEMM_TILES[fmt]
     best, best_cost = None, None
     for n, (bm, bn, bk, warps, stages, speed) in enumerate(plain + persistent):
         cost = triton.cdiv(triton.cdiv(M, bm) * triton.cdiv(N, bn), sms) * bm * bn / speed
